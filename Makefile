@@ -1,0 +1,37 @@
+# StreamLake: exactly-once Kafka -> Delta on Spark, run by Airflow.
+# `make test` and `make run` each do the whole set-up first (idempotent).
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+
+.PHONY: setup test test-fast run stop bench lock clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(BIN)/pytest
+
+# Unit tests and quick integration only (skips the spark-submit crash/race scenarios).
+test-fast: setup
+	$(BIN)/pytest -m "not slow"
+
+run: setup
+	$(BIN)/streamlake demo
+
+stop:
+	@if [ -x $(BIN)/streamlake ]; then $(BIN)/streamlake stop; else echo "nothing to stop (no .venv)"; fi
+
+bench: setup
+	$(BIN)/python bench/ingest_bench.py
+
+# Re-resolve the full lock after changing requirements.txt.
+lock:
+	rm -rf .lockenv && python3 -m venv .lockenv && .lockenv/bin/pip install -q -r requirements.txt \
+	  && { echo "# Full lock of the environment requirements.txt resolves to (pip freeze)."; \
+	       echo "# Regenerate: make lock"; .lockenv/bin/pip freeze; } > constraints.txt && rm -rf .lockenv
+
+clean: stop
+	rm -rf .streamlake bench/work

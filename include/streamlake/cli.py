@@ -1,0 +1,295 @@
+"""``streamlake``: the platform's command line.
+
+    streamlake kafka start|stop|status     embedded Kafka-protocol broker
+    streamlake produce --topic T --count N demo sensor readings
+    streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
+    streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
+    streamlake demo                        broker + producer + continuous ingest, with progress
+    streamlake stop                        stop every service the platform started
+
+Exit status: 0 success, 1 failure, 2 bad input or a platform error (the message
+says which), 3 audit found a violation, 128+N job killed by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streamlake import config, procs
+from streamlake.errors import StreamLakeError
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+# -- kafka ------------------------------------------------------------------------------------
+
+def cmd_kafka(args) -> int:
+    from streamlake.kafka import broker
+
+    if args.action == "start":
+        state = broker.start(args.port)
+        word = "already running" if state.pop("already_running") else "started"
+        print(f"embedded Kafka broker {word} at {state['bootstrap']} (pid {state['pid']})")
+        if os.environ.get(config.ENV_BOOTSTRAP) and os.environ[config.ENV_BOOTSTRAP] != state["bootstrap"]:
+            print(f"note: {config.ENV_BOOTSTRAP}={os.environ[config.ENV_BOOTSTRAP]} overrides it for clients")
+        return 0
+    if args.action == "stop":
+        print("embedded Kafka broker stopped" if broker.stop() else "embedded Kafka broker was not running")
+        return 0
+    state = broker.status()
+    state["clients_use"] = config.bootstrap_servers()
+    _print_json(state)
+    return 0 if state["running"] else 1
+
+
+# -- produce ----------------------------------------------------------------------------------
+
+def cmd_produce(args) -> int:
+    from streamlake.kafka.producer import produce_sensor_readings, summary_dict
+
+    stop = {"requested": False}
+
+    def on_signal(signum, _frame):
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    summary = produce_sensor_readings(
+        args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
+        seed=args.seed, options=_kafka_options(args.kafka_option), progress=not args.quiet,
+        should_stop=lambda: stop["requested"],
+    )
+    _print_json(summary_dict(summary))
+    return 0
+
+
+def _kafka_options(items) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise StreamLakeError(f"--kafka-option expects KEY=VALUE, got {item!r}")
+        out[key.removeprefix("kafka.")] = value
+    return out
+
+
+# -- ingest -----------------------------------------------------------------------------------
+
+def ingest_command(cfg, master: str, conf: dict | None = None) -> list[str]:
+    from streamlake.ingest import config_to_args
+    from streamlake.spark import spark_submit_command
+
+    return spark_submit_command("ingest_bronze.py", config_to_args(cfg), master=master, conf=conf,
+                                name=f"ingest_bronze:{cfg.query_name}")
+
+
+def run_job_foreground(cmd: list[str], checkpoint: str, env: dict | None = None) -> int:
+    """Run a spark-submit job in its own process group; Ctrl-C/SIGTERM ask it to stop
+    at a micro-batch boundary (second signal: kill it). Returns its exit status."""
+    from streamlake.ingest import request_stop
+    from streamlake.spark import job_environment
+
+    proc = subprocess.Popen(cmd, env=job_environment(env), start_new_session=True)
+    signals = {"count": 0}
+
+    def on_signal(signum, _frame):
+        signals["count"] += 1
+        if signals["count"] == 1:
+            print("\nstopping at the next micro-batch boundary (again to kill)...", file=sys.stderr)
+            request_stop(checkpoint)
+        else:
+            procs.kill_tree(proc.pid, proc.pid, timeout=5)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        procs.kill_tree(proc.pid, proc.pid, timeout=5)  # leftovers of a killed driver
+    if code < 0:
+        print(f"ingest job killed by signal {-code}", file=sys.stderr)
+        return 128 - code
+    return code
+
+
+def cmd_ingest(args) -> int:
+    from streamlake.ingest import config_from_args
+
+    cfg = config_from_args(args)
+    return run_job_foreground(ingest_command(cfg, args.master), cfg.checkpoint)
+
+
+# -- audit ------------------------------------------------------------------------------------
+
+def cmd_audit(args) -> int:
+    from streamlake.audit import audit_offsets
+
+    topics = [t.strip() for t in args.topic.split(",") if t.strip()]
+    report = audit_offsets(args.table, topics, _kafka_options(args.kafka_option), version=args.version)
+    _print_json(report.to_dict() if args.verbose else {
+        k: v for k, v in report.to_dict().items() if k != "partitions"
+    } | {"violations": [p for p in report.to_dict()["partitions"] if not p["exactly_once"]]})
+    print(report.summary(), file=sys.stderr)
+    return 0 if report.exactly_once else 3
+
+
+# -- demo / stop ------------------------------------------------------------------------------
+
+def demo_paths() -> dict[str, str]:
+    data = config.home() / "data"
+    return {"table": str(data / "bronze" / "sensors"), "checkpoint": str(data / "checkpoints" / "bronze_sensors")}
+
+
+def cmd_demo(args) -> int:
+    from streamlake.ingest import IngestConfig, format_progress, progress_file, request_stop
+    from streamlake.kafka import broker
+    from streamlake.spark import job_environment
+
+    state = broker.start(args.port)
+    print(f"Kafka (embedded) at {state['bootstrap']}")
+    env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
+    exe = str(Path(sys.executable).parent / "streamlake")
+    if procs.status("producer") is None:
+        procs.start("producer", [exe, "produce", "--topic", args.topic, "--count", "0", "--partitions", "3",
+                                 "--rate", str(args.rate), "--quiet"], env=env)
+    print(f"producer: {args.rate:g} sensor readings/s into topic {args.topic!r} "
+          f"(log: {config.log_dir() / 'producer.log'})")
+    paths = demo_paths()
+    cfg = IngestConfig(table=paths["table"], checkpoint=paths["checkpoint"], topics=(args.topic,),
+                       processing_time_s=args.trigger_seconds, max_offsets_per_trigger=args.max_offsets)
+    if procs.status("ingest") is None:
+        progress_file(cfg.checkpoint).unlink(missing_ok=True)
+        procs.start("ingest", ingest_command(cfg, args.master), env=env,
+                    info={"checkpoint": cfg.checkpoint, "table": cfg.table})
+    print(f"ingest: Spark {args.master}, micro-batch every {args.trigger_seconds:g}s -> Delta table {cfg.table}")
+    print(f"        (log: {config.log_dir() / 'ingest.log'}); Ctrl-C stops producer and ingest, "
+          "`make stop` stops everything\n")
+
+    stop = {"requested": False}
+    signal.signal(signal.SIGINT, lambda *_: stop.update(requested=True))
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
+    seen = 0
+    started = time.monotonic()
+    while not stop["requested"]:
+        if procs.status("ingest") is None:
+            print(f"ingest job exited; see {config.log_dir() / 'ingest.log'}", file=sys.stderr)
+            return 1
+        lines = progress_file(cfg.checkpoint).read_text().splitlines() if progress_file(cfg.checkpoint).exists() else []
+        for line in lines[seen:]:
+            print(format_progress(json.loads(line)), flush=True)
+        seen = len(lines)
+        if not seen and time.monotonic() - started > 5:
+            print("waiting for the first micro-batch (Spark start-up takes ~15 s)...", flush=True)
+            started = float("inf")
+        time.sleep(1)
+    print("\nstopping ingest at a micro-batch boundary and the producer...")
+    request_stop(cfg.checkpoint)
+    try:
+        procs.wait_for(lambda: procs.status("ingest") is None, timeout=60, what="the ingest job to stop")
+    except TimeoutError:
+        procs.stop("ingest")
+    procs.stop("producer")
+    print("stopped; the broker keeps running (`make stop` stops it)")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from streamlake.ingest import request_stop
+
+    running = procs.running_services()
+    if not running:
+        print("nothing running")
+        return 0
+    # Stop consumers of Kafka before the broker, ingest gracefully first.
+    order = {"kafka": 2}
+    for state in sorted(running, key=lambda s: order.get(s.name, 0)):
+        if state.name == "ingest" and state.info.get("checkpoint"):
+            request_stop(state.info["checkpoint"])
+            try:
+                procs.wait_for(lambda: procs.status("ingest") is None, timeout=30, what="ingest to stop")
+            except TimeoutError:
+                pass
+        procs.stop(state.name)
+        print(f"stopped {state.name} (pid {state.pid})")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from streamlake.ingest import add_ingest_arguments
+
+    parser = argparse.ArgumentParser(prog="streamlake", description="Exactly-once Kafka -> Delta on Spark.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    k = sub.add_parser("kafka", help="embedded Kafka-protocol broker (dev/test)")
+    k.add_argument("action", choices=["start", "stop", "status"])
+    k.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
+    k.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("produce", help="produce sensor readings")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, required=True, help="records to produce (0: until stopped)")
+    p.add_argument("--partitions", type=int, default=3, help="partitions when the topic is created")
+    p.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    p.add_argument("--value-bytes", type=int, default=256, help="approximate value size")
+    p.add_argument("--seed", type=int, help="random seed (same seed, same records)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_produce)
+
+    i = sub.add_parser("ingest", help="run the bronze ingest job (spark-submit)")
+    add_ingest_arguments(i)
+    i.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    i.set_defaults(func=cmd_ingest)
+
+    a = sub.add_parser("audit", help="check that the table holds its Kafka range exactly once")
+    a.add_argument("--topic", required=True, help="topic(s), comma-separated")
+    a.add_argument("--table", required=True)
+    a.add_argument("--version", type=int, help="audit this Delta version (default latest)")
+    a.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
+    a.set_defaults(func=cmd_audit)
+
+    d = sub.add_parser("demo", help="broker + producer + continuous ingest with live progress")
+    d.add_argument("--topic", default="sensors")
+    d.add_argument("--rate", type=float, default=500.0, help="produced records per second")
+    d.add_argument("--trigger-seconds", type=float, default=5.0)
+    d.add_argument("--max-offsets", type=int, default=50_000, help="max records per micro-batch")
+    d.add_argument("--master", default="local[2]")
+    d.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
+    d.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("stop", help="stop every service the platform started")
+    s.set_defaults(func=cmd_stop)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        code = args.func(args)
+    except StreamLakeError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 2
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # deltalake/pyarrow native threads can abort the interpreter during shutdown
+    # (delta-rs#2184); everything is flushed, so leave without running it.
+    os._exit(code)

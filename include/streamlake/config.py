@@ -1,0 +1,59 @@
+"""Settings shared by every component, read from the environment in one place.
+
+``STREAMLAKE_KAFKA_BOOTSTRAP``
+    Kafka bootstrap servers. Unset means the embedded broker (``streamlake kafka
+    start``), so pointing the platform at a real cluster is a change of this
+    variable and nothing else.
+``STREAMLAKE_HOME``
+    Runtime directory for pid files, logs and the demo's tables. Default:
+    ``.streamlake`` in the project checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV_BOOTSTRAP = "STREAMLAKE_KAFKA_BOOTSTRAP"
+ENV_HOME = "STREAMLAKE_HOME"
+DEFAULT_BROKER_PORT = 19092
+
+
+def project_root() -> Path:
+    """The checkout this package was installed from (editable install)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def home() -> Path:
+    """Runtime directory; created on first use."""
+    path = Path(os.environ.get(ENV_HOME) or project_root() / ".streamlake")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_dir() -> Path:
+    """Where services keep their pid/state files."""
+    path = home() / "run"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_dir() -> Path:
+    path = home() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def embedded_bootstrap() -> str:
+    """Address of the embedded broker: the one last started (its service state
+    file, see streamlake.procs), else the default port."""
+    try:
+        return json.loads((run_dir() / "kafka.json").read_text())["info"]["bootstrap"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"127.0.0.1:{DEFAULT_BROKER_PORT}"
+
+
+def bootstrap_servers() -> str:
+    """The Kafka bootstrap servers every component uses."""
+    return os.environ.get(ENV_BOOTSTRAP) or embedded_bootstrap()

@@ -1,0 +1,1 @@
+"""Delta side of the platform: tables, committed offsets, the two-phase-commit sink."""

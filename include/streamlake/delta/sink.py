@@ -1,0 +1,241 @@
+"""The Delta sink of a two-phase commit with Kafka as the source.
+
+One micro-batch becomes at most one Delta commit:
+
+1. **Plan** (driver): read the batch's Kafka range from the query checkpoint's
+   offset log and the offsets already committed from the table snapshot's
+   ``txn`` actions (:mod:`streamlake.delta.txn`). Offsets already in the table
+   are left out, so a replayed batch, or one that overlaps a racing writer,
+   writes only what is missing. A table *behind* the batch start (records would
+   be skipped) stops the query with OffsetGapError.
+2. **Pre-commit** (executors): write the rows as Parquet files at their final
+   place under names unique to this attempt (:mod:`streamlake.delta.files`).
+   They are invisible until step 3.
+3. **Commit** (driver): one Delta commit from the *same snapshot* as step 1,
+   holding the ``add`` actions and ``txn`` actions with the new next offset of
+   every partition in the batch. A concurrent commit of any of those partitions
+   makes it fail (``CommitFailedError``); the sink then plans again against the
+   new snapshot. Files of a failed or killed attempt are never referenced
+   (abort) and ``vacuum`` removes them.
+
+Crash anywhere and restart: Spark replays the batch from its offset log, step 1
+sees what the table already holds, and every record lands exactly once. If the
+checkpoint is lost, :mod:`streamlake.ingest` restarts from the table's offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties
+
+from streamlake.checkpoint import QueryCheckpoint
+from streamlake.delta.files import FILE_METADATA_DDL, ParquetFileWriter, add_actions
+from streamlake.delta.table import TableSpec, ensure_table, open_table
+from streamlake.delta.txn import committed_offsets, offset_transactions
+from streamlake.errors import CommitConflictError, OffsetGapError
+from streamlake.faults import crash_point
+from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
+
+log = logging.getLogger(__name__)
+
+MAX_COMMIT_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one commit attempt of a micro-batch writes.
+
+    ``write_from[tp]`` is the lowest offset still to be written for each
+    partition that the commit advances to ``end[tp]``; partitions the table
+    already holds up to ``end`` are absent. ``first`` holds the start offsets of
+    partitions the table has never seen (known from the offset log);
+    ``first_from_data`` names new partitions whose start is taken from the rows.
+    """
+
+    batch_id: int
+    start: Offsets | None
+    end: Offsets
+    committed: Offsets
+    write_from: Offsets
+    first: Offsets
+    first_from_data: frozenset[TopicPartition] = field(default_factory=frozenset)
+
+    @property
+    def is_replay(self) -> bool:
+        """Everything in the batch is already in the table: commit nothing."""
+        return not self.write_from
+
+    @property
+    def next_offsets(self) -> Offsets:
+        return {tp: self.end[tp] for tp in self.write_from}
+
+    def filter_needed(self) -> bool:
+        """True if some rows of the batch must not be written (already committed)."""
+        if set(self.write_from) != set(self.end):
+            return True
+        start = self.start or {}
+        return any(tp in start and off > start[tp] for tp, off in self.write_from.items())
+
+
+def plan_batch(batch_id: int, start: Mapping[TopicPartition, int] | None, end: Mapping[TopicPartition, int],
+               committed: Mapping[TopicPartition, int]) -> BatchPlan:
+    """Decide what a micro-batch adds to a table holding ``committed`` offsets.
+
+    Raises OffsetGapError if the table is behind the batch start for some
+    partition: writing the batch would leave records out of the table forever.
+    """
+    start = dict(start) if start is not None else None
+    write_from: Offsets = {}
+    first: Offsets = {}
+    from_data: set[TopicPartition] = set()
+    gaps: list[str] = []
+    for tp, e in sorted(end.items()):
+        s = start.get(tp) if start is not None else None
+        c = committed.get(tp)
+        if c is not None:
+            if c >= e:
+                continue
+            if s is not None and c < s:
+                gaps.append(f"{tp}: the table holds offsets below {c}, this batch starts at {s}")
+                continue
+            write_from[tp] = max(c, s) if s is not None else c
+        elif s is not None:
+            if batch_id > 0:
+                gaps.append(f"{tp}: the table has no offsets for it, but the query already processed up to {s}")
+                continue
+            write_from[tp] = s
+            first[tp] = s
+        else:
+            write_from[tp] = -1
+            from_data.add(tp)
+    if gaps:
+        raise OffsetGapError(
+            "committing micro-batch %d would skip records: %s. The query checkpoint is ahead of the "
+            "table (was the table restored or replaced without its checkpoint?). Restore the checkpoint "
+            "saved with the table, or delete the checkpoint to resume from the table's own offsets."
+            % (batch_id, "; ".join(gaps))
+        )
+    return BatchPlan(batch_id, start, dict(end), dict(committed), write_from, first, frozenset(from_data))
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    version: int | None  # Delta version written, None when the batch was a replay
+    records: int
+    files: int
+    attempts: int
+    next_offsets: Offsets
+
+
+class DeltaKafkaSink:
+    """``foreachBatch`` target committing Kafka micro-batches to a Delta table exactly once.
+
+    ``prepare(df, batch_id, batch_time_ms)`` turns the batch (Spark's Kafka
+    schema) into table rows; ``partition_values(batch_time_ms)`` gives the
+    partition all rows of a batch go to. The sink needs the query's checkpoint
+    path to read the offset log (see :mod:`streamlake.checkpoint`).
+    """
+
+    def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,
+                 prepare: Callable, partition_values: Callable[[int], Mapping[str, str]],
+                 stats_columns: tuple[str, ...] = ()):
+        self.table_path = str(table_path)
+        self.spec = spec
+        self.checkpoint = checkpoint
+        self.prepare = prepare
+        self.partition_values = partition_values
+        self.stats_columns = stats_columns
+        self.last_result: CommitResult | None = None
+
+    def __call__(self, df, batch_id: int) -> None:
+        self.last_result = self.commit_batch(df, batch_id)
+
+    def commit_batch(self, df, batch_id: int) -> CommitResult:
+        """Commit micro-batch ``batch_id`` (see the module docstring for the protocol).
+
+        Raises OffsetGapError (table behind the checkpoint) and CommitConflictError
+        (lost the commit race MAX_COMMIT_ATTEMPTS times in a row).
+        """
+        end, batch_time_ms = self.checkpoint.batch_end(batch_id)
+        start = self.checkpoint.batch_start(batch_id)
+        query_id = self.checkpoint.query_id()
+        for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
+            table = ensure_table(self.table_path, self.spec)
+            plan = plan_batch(batch_id, start, end, committed_offsets(table, end))
+            if plan.is_replay:
+                log.info("batch %d: already committed (table version %d), nothing to write", batch_id, table.version())
+                return CommitResult(batch_id, None, 0, 0, attempt, {})
+            attempt_id = uuid.uuid4().hex
+            files = self._write_files(df, plan, batch_time_ms, attempt_id)
+            crash_point("after_files", batch_id)
+            first = dict(plan.first)
+            for tp in plan.first_from_data:
+                mins = [f["min_offset"] for f in files if (f["topic"], f["partition"]) == tp]
+                first[tp] = min(mins) if mins else plan.end[tp]
+            records = sum(int(f["num_records"]) for f in files)
+            partition_values = self.partition_values(batch_time_ms)
+            properties = CommitProperties(
+                app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
+                custom_metadata={"streamlake": {
+                    "operation": "ingest",
+                    "queryId": query_id,
+                    "batchId": batch_id,
+                    "attempt": attempt_id,
+                    "startOffsets": offsets_to_json({tp: (plan.start or {}).get(tp, first.get(tp, -1))
+                                                     for tp in plan.write_from}),
+                    "endOffsets": offsets_to_json(plan.next_offsets),
+                    "records": records,
+                }},
+            )
+            try:
+                table.create_write_transaction(
+                    add_actions(files, partition_values), "append", self.spec.schema,
+                    partition_by=list(self.spec.partition_by) or None, commit_properties=properties,
+                )
+            except CommitFailedError as exc:
+                log.warning("batch %d: commit attempt %d lost to a concurrent commit (%s); re-planning",
+                            batch_id, attempt, exc)
+                time.sleep(random.uniform(0.05, 0.5) * attempt)
+                continue
+            version = self._committed_version(table.version(), attempt_id)
+            crash_point("after_commit", batch_id)
+            log.info("batch %d: committed Delta version %d: %d records in %d files, offsets %s",
+                     batch_id, version, records, len(files), offsets_to_json(plan.next_offsets))
+            return CommitResult(batch_id, version, records, len(files), attempt, plan.next_offsets)
+        raise CommitConflictError(
+            f"batch {batch_id}: lost the Delta commit to concurrent writers {MAX_COMMIT_ATTEMPTS} times"
+        )
+
+    def _committed_version(self, read_version: int, attempt_id: str) -> int:
+        """Version our commit landed at (delta-rs may rebase a commit past others)."""
+        table = open_table(self.table_path)
+        latest = table.version()
+        for entry in table.history(limit=max(1, latest - read_version)):
+            if entry.get("streamlake", {}).get("attempt") == attempt_id:
+                return int(entry["version"])
+        return latest
+
+    def _write_files(self, df, plan: BatchPlan, batch_time_ms: int, attempt_id: str) -> list[dict]:
+        """Pre-commit: write the rows the plan keeps as Parquet files; return their metadata."""
+        from pyspark.sql import functions as F
+
+        rows = self.prepare(df, plan.batch_id, batch_time_ms)
+        if plan.filter_needed():
+            keep = None
+            for tp, low in plan.write_from.items():
+                cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition) & (F.col("offset") >= low)
+                keep = cond if keep is None else keep | cond
+            rows = rows.where(keep)
+        writer = ParquetFileWriter(
+            self.table_path, attempt_id, self.partition_values(batch_time_ms),
+            self.spec.file_schema, self.stats_columns,
+        )
+        return [r.asDict() for r in rows.mapInArrow(writer, FILE_METADATA_DDL).collect()]

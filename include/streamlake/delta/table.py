@@ -1,0 +1,103 @@
+"""Delta tables on delta-rs: creation from a spec, snapshots, reading into Spark.
+
+Tables are read through their snapshot's file list (``DeltaTable.file_uris``),
+never through ``DeltaTable.to_pyarrow_table``/``to_pyarrow_dataset``: in
+deltalake 1.6 those leave Arrow threads running that abort the interpreter at
+exit ("terminate called without an active exception", delta-rs#2184), which
+would turn a successful CLI run into exit status 134.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+# Deletion vectors stay off: delta-rs cannot delete from a table that has them.
+DEFAULT_TABLE_CONFIGURATION = {
+    "delta.enableDeletionVectors": "false",
+}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Schema and layout of a platform table.
+
+    ``schema`` is the full table schema; ``partition_by`` columns are stored in
+    the Delta log's partition values, not in the data files.
+    """
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+    description: str = ""
+    configuration: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_TABLE_CONFIGURATION))
+
+    @property
+    def file_schema(self) -> pa.Schema:
+        """Schema of the data files: the table schema without partition columns."""
+        return pa.schema([f for f in self.schema if f.name not in self.partition_by])
+
+
+def table_exists(path: str | os.PathLike) -> bool:
+    return DeltaTable.is_deltatable(str(path))
+
+
+def ensure_table(path: str | os.PathLike, spec: TableSpec) -> DeltaTable:
+    """Open the table at ``path``, creating it (version 0, no data) if missing.
+
+    Safe against concurrent creators: the loser of the create race opens the
+    winner's table. Raises ValueError if an existing table's schema differs.
+    """
+    path = str(path)
+    if not table_exists(path):
+        os.makedirs(path, exist_ok=True)
+        try:
+            DeltaTable.create(
+                path, spec.schema, mode="ignore", partition_by=list(spec.partition_by) or None,
+                name=spec.name, description=spec.description, configuration=dict(spec.configuration),
+            )
+        except CommitFailedError:
+            pass  # another process created it first
+    table = DeltaTable(path)
+    existing = pa.schema(table.schema().to_arrow())
+    if existing.names != spec.schema.names:
+        raise ValueError(
+            f"table at {path} has columns {existing.names}, expected {spec.name} columns {spec.schema.names}"
+        )
+    return table
+
+
+def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTable:
+    """The table's latest snapshot, or ``version``. Raises FileNotFoundError if absent."""
+    try:
+        return DeltaTable(str(path), version=version)
+    except TableNotFoundError:
+        raise FileNotFoundError(f"no Delta table at {path}") from None
+
+
+def snapshot_files(table: DeltaTable) -> list[str]:
+    """Local paths of the data files in the table's loaded snapshot."""
+    return [uri[len("file://"):] if uri.startswith("file://") else uri for uri in table.file_uris()]
+
+
+def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | None = None):
+    """A Spark DataFrame of the table's snapshot (latest, or ``version``).
+
+    Reads the snapshot's files with Spark's Parquet reader and the table schema,
+    so partition columns come from the paths (``basePath``) with their declared
+    types. Works without Delta's JVM connector; where it is installed,
+    ``spark.read.format("delta").load(path)`` reads the same data.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    table = open_table(path, version)
+    schema = from_arrow_schema(spec.schema)
+    files = snapshot_files(table)
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).option("basePath", str(path)).parquet(*files)

@@ -1,0 +1,31 @@
+"""Exceptions with messages meant for the person running the job."""
+
+from __future__ import annotations
+
+
+class StreamLakeError(Exception):
+    """Base class: a problem the user can act on, described in the message."""
+
+
+class InvalidOptionError(StreamLakeError, ValueError):
+    """An option has a value that cannot be used (named in the message)."""
+
+
+class KafkaUnavailableError(StreamLakeError):
+    """The Kafka cluster did not answer within the configured timeout."""
+
+
+class UnknownTopicError(StreamLakeError):
+    """A subscribed topic does not exist (topics are never auto-created by reads)."""
+
+
+class DataLossError(StreamLakeError):
+    """Offsets the job must read are no longer held by Kafka (``failOnDataLoss=true``)."""
+
+
+class OffsetGapError(StreamLakeError):
+    """The Delta table and the query checkpoint disagree so that records would be skipped."""
+
+
+class CommitConflictError(StreamLakeError):
+    """The Delta commit kept losing to concurrent writers of the same offsets."""

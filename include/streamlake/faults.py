@@ -1,0 +1,69 @@
+"""Crash injection for the exactly-once tests: SIGKILL the whole job at a named point.
+
+Set ``STREAMLAKE_CRASH_AT`` to ``<point>`` or ``<point>:<batch_id>`` before
+starting a job; when the job reaches that point (in that micro-batch) it kills
+itself with SIGKILL, with no chance to clean up, exactly like ``kill -9`` of the
+spark-submit process tree. Points:
+
+``read``
+    inside a Spark task, after records were fetched from Kafka;
+``after_files``
+    after the micro-batch's data files are written, before the Delta commit;
+``after_commit``
+    after the Delta commit, before Spark records the batch in its commit log.
+
+With the variable unset (production) :func:`crash_point` is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV_CRASH_AT = "STREAMLAKE_CRASH_AT"
+POINTS = ("read", "after_files", "after_commit")
+
+
+def _spark_submit_ancestor() -> int | None:
+    """Pid of the spark-submit JVM this process descends from, if any."""
+    import psutil
+
+    proc = psutil.Process()
+    for parent in proc.parents():
+        try:
+            if any("SparkSubmit" in part for part in parent.cmdline()):
+                return parent.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def kill_job() -> None:
+    """SIGKILL the spark-submit process group and this process's own group.
+
+    Python workers live in the PySpark daemon's process group, the driver in
+    spark-submit's; killing both takes the whole job down at once.
+    """
+    groups = {os.getpgrp()}
+    jvm = _spark_submit_ancestor()
+    if jvm is not None:
+        groups.add(os.getpgid(jvm))
+    for group in sorted(groups, key=lambda g: g == os.getpgrp()):  # own group last
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_point(point: str, batch_id: int | None = None) -> None:
+    """Kill the job here if ``STREAMLAKE_CRASH_AT`` names this point (and batch)."""
+    spec = os.environ.get(ENV_CRASH_AT)
+    if not spec:
+        return
+    name, _, batch = spec.partition(":")
+    if name != point:
+        return
+    if batch and batch_id is not None and int(batch) != batch_id:
+        return
+    kill_job()

@@ -1,0 +1,304 @@
+"""The bronze ingest job: Kafka -> Spark Structured Streaming -> Delta, exactly once.
+
+Used by ``jobs/ingest_bronze.py`` (spark-submit), the CLI, the Airflow DAGs and
+the tests. Start-up decides where a *new* query starts reading:
+
+* the table's committed offsets for every partition it has seen (so a lost
+  checkpoint resumes exactly where the table ends), then
+* ``startingOffsets`` for partitions the table has not seen,
+
+and records that start in the checkpoint (:mod:`streamlake.checkpoint`). An
+existing checkpoint is resumed as is; the sink reconciles it with the table.
+
+A running query stops at a micro-batch boundary when :func:`request_stop`
+creates the stop file (what the CLI does on Ctrl-C/SIGTERM, and savepoints do).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from streamlake import bronze
+from streamlake.checkpoint import QueryCheckpoint
+from streamlake.delta.sink import DeltaKafkaSink
+from streamlake.delta.txn import committed_offsets
+from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
+from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestConfig:
+    """Everything a bronze ingest run needs; mirrors ``streamlake ingest`` flags."""
+
+    table: str
+    checkpoint: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    starting_offsets: str = "earliest"
+    processing_time_s: float | None = None  # None: available-now (drain, then stop)
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    kafka: dict[str, str] = field(default_factory=dict)  # client properties, no "kafka." prefix
+    query_name: str = "bronze_ingest"
+
+    @property
+    def available_now(self) -> bool:
+        return self.processing_time_s is None
+
+    def source_options(self) -> dict[str, str]:
+        opts: dict[str, str] = {f"kafka.{k}": str(v) for k, v in self.kafka.items()}
+        if self.pattern:
+            opts["subscribePattern"] = self.pattern
+        else:
+            opts["subscribe"] = ",".join(self.topics)
+        opts["startingOffsets"] = self.starting_offsets
+        opts["failOnDataLoss"] = str(self.fail_on_data_loss).lower()
+        if self.max_offsets_per_trigger:
+            opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        if self.min_partitions:
+            opts["minPartitions"] = str(self.min_partitions)
+        return opts
+
+
+def stop_file(checkpoint: str | Path) -> Path:
+    return Path(checkpoint) / "streamlake" / "STOP"
+
+
+def progress_file(checkpoint: str | Path) -> Path:
+    return Path(checkpoint) / "streamlake" / "progress.jsonl"
+
+
+def request_stop(checkpoint: str | Path) -> None:
+    """Ask the query using ``checkpoint`` to stop at its next micro-batch boundary."""
+    path = stop_file(checkpoint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint, table) -> Offsets | None:
+    """Start offsets of a new query (None when resuming an existing checkpoint).
+
+    Table offsets win over ``startingOffsets``; offsets Kafka no longer holds raise
+    DataLossError under ``failOnDataLoss`` (see KafkaOffsetPlanner.check_available).
+    """
+    if checkpoint.has_offsets():
+        return None
+    saved = checkpoint.initial_offsets()
+    if saved is not None:
+        return saved
+    planner = KafkaOffsetPlanner(KafkaSourceOptions.parse(cfg.source_options()))
+    try:
+        tps = planner.partitions()
+        from_table = committed_offsets(table, tps)
+        rest = [tp for tp in tps if tp not in from_table]
+        initial: Offsets = {}
+        if rest:
+            if cfg.starting_offsets.strip().startswith("{"):
+                initial.update(planner.resolve_starting(tps))  # JSON must name every partition
+            else:
+                initial.update(planner.resolve_starting(rest))
+        if from_table:
+            initial.update(planner.check_available(from_table))
+    finally:
+        planner.close()
+    checkpoint.save_initial_offsets(initial)
+    log.info("new query: starting offsets %s (table: %s)", offsets_to_json(initial), offsets_to_json(from_table))
+    return initial
+
+
+@dataclass
+class IngestRun:
+    """A started ingest query and its sink."""
+
+    query: object
+    sink: DeltaKafkaSink
+    cfg: IngestConfig
+
+
+def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
+    """Start the bronze ingest query. Raises the source's option/Kafka errors up front."""
+    from pyspark.sql.streaming import DataStreamWriter  # noqa: F401 - fail early without pyspark
+
+    register(spark)
+    table = bronze.ensure_bronze_table(cfg.table)
+    checkpoint = QueryCheckpoint(cfg.checkpoint)
+    stop_file(cfg.checkpoint).unlink(missing_ok=True)
+    options = cfg.source_options()
+    initial = resolve_initial_offsets(cfg, checkpoint, table)
+    if initial is not None:
+        options["startingOffsets"] = json.dumps(offsets_to_json(initial))
+    sink = DeltaKafkaSink(
+        cfg.table, bronze.BRONZE, checkpoint,
+        prepare=bronze.to_bronze, partition_values=bronze.partition_values,
+        stats_columns=bronze.STATS_COLUMNS,
+    )
+    reader = spark.readStream.format(FORMAT)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (reader.load().writeStream.queryName(cfg.query_name)
+              .option("checkpointLocation", cfg.checkpoint).foreachBatch(sink))
+    writer = writer.trigger(availableNow=True) if cfg.available_now else \
+        writer.trigger(processingTime=f"{cfg.processing_time_s} seconds")
+    return IngestRun(writer.start(), sink, cfg)
+
+
+def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
+    """One line of progress: rows, rates, lag per partition, Delta version."""
+    source = (progress.get("sources") or [{}])[0]
+    end = offsets_from_json(source["endOffset"]) if source.get("endOffset") else {}
+    latest = offsets_from_json(source["latestOffset"]) if source.get("latestOffset") else {}
+    lag = {str(tp): max(0, latest[tp] - end.get(tp, latest[tp])) for tp in sorted(latest)}
+    result = sink.last_result
+    return {
+        "batchId": progress.get("batchId"),
+        "timestamp": progress.get("timestamp"),
+        "numInputRows": progress.get("numInputRows", 0),
+        "inputRowsPerSecond": round(progress.get("inputRowsPerSecond") or 0.0, 1),
+        "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
+        "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
+        "lag": lag,
+        "deltaVersion": result.version if result and result.batch_id == progress.get("batchId") else None,
+    }
+
+
+def format_progress(p: dict) -> str:
+    lag = p["lag"]
+    lag_text = ", ".join(f"{tp}={n}" for tp, n in lag.items())
+    version = p["deltaVersion"] if p["deltaVersion"] is not None else "-"
+    return (f"batch {p['batchId']}: {p['numInputRows']} rows, {p['processedRowsPerSecond']:,.0f} rows/s, "
+            f"lag {sum(lag.values())} ({lag_text}), delta version {version}")
+
+
+def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0) -> dict:
+    """Run the ingest query until it ends (available-now) or a stop is requested.
+
+    Progress of every micro-batch goes to ``report`` and, as JSON lines, to the
+    checkpoint's ``streamlake/progress.jsonl``. Returns a summary; re-raises the
+    query's failure (see :func:`describe_failure` for a readable message).
+    """
+    run = start_ingest(spark, cfg)
+    query = run.query
+    progress_path = progress_file(cfg.checkpoint)
+    progress_path.parent.mkdir(parents=True, exist_ok=True)
+    last_batch = None
+    batches = rows = 0
+    started = time.monotonic()
+
+    def drain_progress() -> None:
+        nonlocal last_batch, batches, rows
+        for p in query.recentProgress:
+            if last_batch is not None and p["batchId"] <= last_batch:
+                continue
+            last_batch = p["batchId"]
+            if not p.get("numInputRows") and not p.get("sources", [{}])[0].get("endOffset"):
+                continue
+            line = batch_progress(p, run.sink)
+            batches += 1
+            rows += line["numInputRows"]
+            with progress_path.open("a") as fh:
+                fh.write(json.dumps(line) + "\n")
+            report(format_progress(line))
+
+    stopping = False
+    while query.isActive:
+        query.awaitTermination(poll_s)
+        drain_progress()
+        if not stopping and stop_file(cfg.checkpoint).exists():
+            stopping = True
+            report("stop requested: finishing the current micro-batch")
+            while query.isActive and query.status.get("isTriggerActive"):
+                time.sleep(0.2)
+            query.stop()
+    drain_progress()
+    stop_file(cfg.checkpoint).unlink(missing_ok=True)
+    if query.exception() is not None:
+        raise query.exception()
+    return {"batches": batches, "rows": rows, "seconds": round(time.monotonic() - started, 1),
+            "stopped": stopping}
+
+
+_ERROR_LINE = re.compile(r"streamlake\.errors\.(\w+): (.+)")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The platform error inside a (Py4J/streaming) exception, else its first line."""
+    text = str(exc)
+    found = _ERROR_LINE.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+
+
+def add_ingest_arguments(parser) -> None:
+    """The ingest flags, shared by ``streamlake ingest`` and ``jobs/ingest_bronze.py``."""
+    parser.add_argument("--topic", help="topic(s) to ingest, comma-separated")
+    parser.add_argument("--topic-pattern", help="regex of topics to ingest (instead of --topic)")
+    parser.add_argument("--table", required=True, help="bronze Delta table directory")
+    parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory of the query")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--available-now", action="store_true",
+                      help="ingest everything available at start, in micro-batches, then stop (default)")
+    mode.add_argument("--processing-time", type=float, metavar="SECONDS",
+                      help="run continuously, one micro-batch every SECONDS")
+    parser.add_argument("--max-offsets-per-trigger", type=int, help="at most N records per micro-batch")
+    parser.add_argument("--min-partitions", type=int, help="split offset ranges into at least N Spark tasks")
+    parser.add_argument("--starting-offsets", default="earliest",
+                        help="where a new query starts when the table has no offsets: earliest | latest | JSON")
+    parser.add_argument("--fail-on-data-loss", default="true", choices=["true", "false"],
+                        help="fail when offsets to read are gone from Kafka (default true)")
+    parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="librdkafka client property, e.g. security.protocol=SSL (repeatable)")
+    parser.add_argument("--query-name", default="bronze_ingest")
+
+
+def config_from_args(args) -> IngestConfig:
+    """IngestConfig from parsed flags. Raises InvalidOptionError for bad combinations."""
+    from streamlake.errors import InvalidOptionError
+
+    if bool(args.topic) == bool(args.topic_pattern):
+        raise InvalidOptionError("give exactly one of --topic or --topic-pattern")
+    kafka: dict[str, str] = {}
+    for item in args.kafka_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidOptionError(f"--kafka-option expects KEY=VALUE, got {item!r}")
+        kafka[key.removeprefix("kafka.")] = value
+    return IngestConfig(
+        table=str(Path(args.table).absolute()),
+        checkpoint=str(Path(args.checkpoint).absolute()),
+        topics=tuple(t.strip() for t in (args.topic or "").split(",") if t.strip()),
+        pattern=args.topic_pattern,
+        starting_offsets=args.starting_offsets,
+        processing_time_s=args.processing_time,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        min_partitions=args.min_partitions,
+        fail_on_data_loss=args.fail_on_data_loss == "true",
+        kafka=kafka,
+        query_name=args.query_name,
+    )
+
+
+def config_to_args(cfg: IngestConfig) -> list[str]:
+    """Flags that :func:`config_from_args` turns back into ``cfg``."""
+    args = ["--table", cfg.table, "--checkpoint", cfg.checkpoint,
+            "--starting-offsets", cfg.starting_offsets,
+            "--fail-on-data-loss", str(cfg.fail_on_data_loss).lower(), "--query-name", cfg.query_name]
+    args += ["--topic-pattern", cfg.pattern] if cfg.pattern else ["--topic", ",".join(cfg.topics)]
+    args += ["--available-now"] if cfg.available_now else ["--processing-time", str(cfg.processing_time_s)]
+    if cfg.max_offsets_per_trigger:
+        args += ["--max-offsets-per-trigger", str(cfg.max_offsets_per_trigger)]
+    if cfg.min_partitions:
+        args += ["--min-partitions", str(cfg.min_partitions)]
+    for key, value in cfg.kafka.items():
+        args += ["--kafka-option", f"{key}={value}"]
+    return args

@@ -1,0 +1,1 @@
+"""Kafka side of the platform: client settings, offsets, source, broker, producer."""

@@ -1,0 +1,224 @@
+"""Driver-side Kafka access: client settings, topic metadata and offset queries.
+
+All components build their librdkafka settings with :func:`client_config`, so
+TLS/SASL or any other client property is given once, as ``kafka.``-prefixed
+options (the convention of Spark's Kafka source), and the bootstrap servers
+default to :func:`streamlake.config.bootstrap_servers`.
+
+End offsets are found by a fetch, not by ListOffsets alone: the embedded broker
+(Tansu 0.6) answers ListOffsets(latest) with the newest *batch's* base offset
++ 1, which is wrong whenever producers batch. A consumer positioned at the listed
+offset receives the partition-EOF event at the true end (the high watermark,
+or the last stable offset under ``read_committed``), which is right on every
+broker. On real Kafka the listed offset already is the end, so the probe costs
+one empty fetch per partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Iterable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from streamlake import config
+from streamlake.errors import InvalidOptionError, KafkaUnavailableError, UnknownTopicError
+from streamlake.kafka.offsets import Offsets, TopicPartition
+
+log = logging.getLogger(__name__)
+
+KAFKA_OPTION_PREFIX = "kafka."
+# Java client property Spark users set for admin/metadata calls; librdkafka has no
+# such property, so it is taken out of the passthrough and used as our timeout.
+API_TIMEOUT_PROPERTY = "default.api.timeout.ms"
+DEFAULT_API_TIMEOUT_MS = 60_000
+# Properties the platform owns: setting them would break offset management.
+_RESERVED = {"group.id", "enable.auto.commit", "auto.offset.reset", "enable.partition.eof"}
+
+
+def client_config(options: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka settings from ``kafka.*`` options, bootstrap servers defaulted.
+
+    Raises InvalidOptionError for properties the source manages itself.
+    """
+    conf: dict[str, str] = {}
+    for key, value in (options or {}).items():
+        if key.lower().startswith(KAFKA_OPTION_PREFIX):
+            prop = key[len(KAFKA_OPTION_PREFIX):]
+            if prop in _RESERVED:
+                raise InvalidOptionError(
+                    f"option {key!r} is managed by the source (offsets are tracked by Spark and "
+                    f"the Delta table, not by consumer groups); remove it"
+                )
+            conf[prop] = str(value)
+    conf.setdefault("bootstrap.servers", config.bootstrap_servers())
+    return conf
+
+
+def api_timeout_s(conf: Mapping[str, str]) -> float:
+    """Timeout for metadata and offset requests, from ``kafka.default.api.timeout.ms``."""
+    raw = conf.get(API_TIMEOUT_PROPERTY, DEFAULT_API_TIMEOUT_MS)
+    try:
+        ms = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"kafka.{API_TIMEOUT_PROPERTY} must be milliseconds, got {raw!r}") from None
+    if ms <= 0:
+        raise InvalidOptionError(f"kafka.{API_TIMEOUT_PROPERTY} must be > 0, got {ms}")
+    return ms / 1000.0
+
+
+def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` without the properties librdkafka does not know."""
+    return {k: v for k, v in conf.items() if k != API_TIMEOUT_PROPERTY}
+
+
+def new_consumer(conf: Mapping[str, str], purpose: str) -> Consumer:
+    """A consumer for assign()-based reads: no group management, no offset commits,
+    partition EOF events on, out-of-range offsets reported as errors (never reset)."""
+    settings = librdkafka_config(conf)
+    settings.update({
+        "group.id": f"streamlake-{purpose}-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": "false",
+        "enable.auto.offset.store": "false",
+        "enable.partition.eof": "true",
+        "auto.offset.reset": "error",
+        "allow.auto.create.topics": "false",
+    })
+    settings.setdefault("isolation.level", "read_committed")
+    settings.setdefault("client.id", f"streamlake-{purpose}")
+    return Consumer(settings, logger=logging.getLogger(f"streamlake.librdkafka.{purpose}"))
+
+
+class KafkaMetadataClient:
+    """Topic metadata and offset queries for the driver (source planning, audit, jobs).
+
+    Every call raises KafkaUnavailableError when the cluster does not answer
+    within the API timeout, naming the bootstrap servers.
+    """
+
+    def __init__(self, conf: Mapping[str, str]):
+        self.conf = dict(conf)
+        self.timeout_s = api_timeout_s(conf)
+        self.bootstrap = conf.get("bootstrap.servers", "?")
+        self._consumer: Consumer | None = None
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = new_consumer(self.conf, "metadata")
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def __enter__(self) -> "KafkaMetadataClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unavailable(self, what: str, exc: Exception) -> KafkaUnavailableError:
+        return KafkaUnavailableError(
+            f"Kafka at {self.bootstrap} did not answer {what} within {self.timeout_s:g}s "
+            f"(set STREAMLAKE_KAFKA_BOOTSTRAP or kafka.bootstrap.servers; "
+            f"kafka.{API_TIMEOUT_PROPERTY} sets the timeout): {exc}"
+        )
+
+    def topics(self) -> dict[str, int]:
+        """Existing topics and their partition counts (full metadata: never auto-creates)."""
+        try:
+            md = self.consumer.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise self._unavailable("a metadata request", exc) from None
+        return {
+            name: len(t.partitions)
+            for name, t in md.topics.items()
+            if t.error is None and not name.startswith("__")
+        }
+
+    def partitions(self, topics: Iterable[str] | None = None, pattern: str | None = None) -> list[TopicPartition]:
+        """Partitions of the named topics (all must exist) or of topics matching ``pattern``.
+
+        Raises UnknownTopicError for a named topic that does not exist.
+        """
+        existing = self.topics()
+        if pattern is not None:
+            regex = re.compile(pattern)
+            names = sorted(t for t in existing if regex.fullmatch(t))
+        else:
+            names = sorted(set(topics or ()))
+            missing = [t for t in names if t not in existing]
+            if missing:
+                raise UnknownTopicError(
+                    f"topic(s) {', '.join(missing)} do not exist on {self.bootstrap} "
+                    f"(existing: {', '.join(sorted(existing)) or 'none'})"
+                )
+        return [TopicPartition(t, p) for t in names for p in range(existing[t])]
+
+    def _list_offsets(self, tps: Iterable[TopicPartition], timestamp: int) -> Offsets:
+        """ListOffsets for a timestamp, or -1 (latest) / -2 (earliest)."""
+        request = [KafkaTopicPartition(tp.topic, tp.partition, timestamp) for tp in tps]
+        if not request:
+            return {}
+        try:
+            answer = self.consumer.offsets_for_times(request, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise self._unavailable("an offsets request", exc) from None
+        out: Offsets = {}
+        for r in answer:
+            if r.error is not None:
+                raise KafkaUnavailableError(f"offsets request for {r.topic}-{r.partition} failed: {r.error}")
+            out[TopicPartition(r.topic, r.partition)] = r.offset
+        return out
+
+    def earliest(self, tps: Iterable[TopicPartition]) -> Offsets:
+        """First offset Kafka still holds per partition (the log start offset)."""
+        return self._list_offsets(tps, -2)
+
+    def for_timestamp(self, tps: Iterable[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        """First offset whose record timestamp is >= ``timestamp_ms``; None when there is none."""
+        return {tp: (off if off >= 0 else None) for tp, off in self._list_offsets(tps, timestamp_ms).items()}
+
+    def latest(self, tps: Iterable[TopicPartition], probe_timeout_s: float = 5.0) -> Offsets:
+        """End offset per partition: one past the last readable record.
+
+        Starts from ListOffsets(latest) and confirms it with a fetch (see the module
+        docstring). If a partition receives records but no EOF before the probe
+        timeout (a producer keeps writing), the end is the offset after the newest
+        record seen, which is a real position no later than the true end.
+        """
+        tps = list(tps)
+        listed = self._list_offsets(tps, -1)
+        if not tps:
+            return {}
+        consumer = self.consumer
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, listed[tp]) for tp in tps])
+        ends: Offsets = {}
+        seen: Offsets = dict(listed)
+        deadline = time.monotonic() + probe_timeout_s
+        try:
+            while len(ends) < len(tps) and time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                    tp = TopicPartition(msg.topic(), msg.partition())
+                    err = msg.error()
+                    if err is None:
+                        seen[tp] = max(seen[tp], msg.offset() + 1)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        ends.setdefault(tp, max(msg.offset(), seen[tp]))
+                    elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        ends.setdefault(tp, listed[tp])
+                    elif not err.retriable() and err.fatal():
+                        raise KafkaUnavailableError(f"probing the end of {tp} failed: {err}")
+        finally:
+            consumer.unassign()
+        for tp in tps:
+            if tp not in ends:
+                log.warning("no EOF from %s within %.1fs; using %d", tp, probe_timeout_s, seen[tp])
+                ends[tp] = seen[tp]
+        return ends

@@ -1,0 +1,132 @@
+"""Background services started by the platform, tracked by pid files, stopped whole.
+
+Every service runs in its own session (process group), and its state file
+records pid, process group and start time. Stopping sends SIGTERM to the group,
+waits, then SIGKILLs the group and any descendant that left it, so nothing a
+service started keeps running (Airflow and Spark both fork helpers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import psutil
+
+from streamlake import config
+
+
+@dataclass
+class ServiceState:
+    name: str
+    pid: int
+    pgid: int
+    create_time: float
+    cmd: list[str]
+    log: str
+    info: dict = field(default_factory=dict)
+
+
+def state_file(name: str) -> Path:
+    return config.run_dir() / f"{name}.json"
+
+
+def _load(name: str) -> ServiceState | None:
+    try:
+        return ServiceState(**json.loads(state_file(name).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _alive(state: ServiceState) -> bool:
+    try:
+        proc = psutil.Process(state.pid)
+        return abs(proc.create_time() - state.create_time) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def status(name: str) -> ServiceState | None:
+    """State of a running service, or None (a stale state file is removed)."""
+    state = _load(name)
+    if state is None:
+        return None
+    if not _alive(state):
+        state_file(name).unlink(missing_ok=True)
+        return None
+    return state
+
+
+def running_services() -> list[ServiceState]:
+    names = sorted(p.stem for p in config.run_dir().glob("*.json"))
+    return [s for s in (status(n) for n in names) if s is not None]
+
+
+def start(name: str, cmd: Sequence[str], env: Mapping[str, str] | None = None,
+          info: Mapping | None = None, cwd: str | None = None) -> ServiceState:
+    """Start ``cmd`` in a new session with output to ``logs/<name>.log``.
+
+    Raises RuntimeError if a service of that name is already running.
+    """
+    if status(name) is not None:
+        raise RuntimeError(f"{name} is already running")
+    log_path = config.log_dir() / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+    state = ServiceState(name, proc.pid, proc.pid, psutil.Process(proc.pid).create_time(), list(cmd),
+                         str(log_path), dict(info or {}))
+    state_file(name).write_text(json.dumps(asdict(state), indent=2))
+    return state
+
+
+def kill_tree(pid: int, pgid: int | None = None, timeout: float = 10.0) -> None:
+    """SIGTERM a process group and its descendants, SIGKILL what is left after ``timeout``."""
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    groups = {pgid} if pgid else set()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _gone, alive = psutil.wait_procs(procs, timeout=timeout if sig == signal.SIGTERM else 5)
+        if not alive:
+            return
+        procs = alive
+
+
+def stop(name: str, timeout: float = 10.0) -> bool:
+    """Stop a service and its whole process tree. Returns False if it was not running."""
+    state = status(name)
+    if state is None:
+        state_file(name).unlink(missing_ok=True)
+        return False
+    kill_tree(state.pid, state.pgid, timeout)
+    state_file(name).unlink(missing_ok=True)
+    return True
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")

