@@ -27,6 +27,7 @@ from typing import Callable
 from streamlake import bronze
 from streamlake.checkpoint import QueryCheckpoint
 from streamlake.delta.sink import DeltaKafkaSink
+from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
 from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register
@@ -84,7 +85,7 @@ def request_stop(checkpoint: str | Path) -> None:
     path.touch()
 
 
-def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint, table) -> Offsets | None:
+def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint) -> Offsets | None:
     """Start offsets of a new query (None when resuming an existing checkpoint).
 
     Table offsets win over ``startingOffsets``; offsets Kafka no longer holds raise
@@ -98,7 +99,7 @@ def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint, tabl
     planner = KafkaOffsetPlanner(KafkaSourceOptions.parse(cfg.source_options()))
     try:
         tps = planner.partitions()
-        from_table = committed_offsets(table, tps)
+        from_table = committed_offsets(open_table(cfg.table), tps) if table_exists(cfg.table) else {}
         rest = [tp for tp in tps if tp not in from_table]
         initial: Offsets = {}
         if rest:
@@ -129,11 +130,12 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     from pyspark.sql.streaming import DataStreamWriter  # noqa: F401 - fail early without pyspark
 
     register(spark)
-    table = bronze.ensure_bronze_table(cfg.table)
     checkpoint = QueryCheckpoint(cfg.checkpoint)
     stop_file(cfg.checkpoint).unlink(missing_ok=True)
     options = cfg.source_options()
-    initial = resolve_initial_offsets(cfg, checkpoint, table)
+    KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
+    initial = resolve_initial_offsets(cfg, checkpoint)
+    bronze.ensure_bronze_table(cfg.table)
     if initial is not None:
         options["startingOffsets"] = json.dumps(offsets_to_json(initial))
     sink = DeltaKafkaSink(

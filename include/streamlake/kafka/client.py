@@ -89,6 +89,10 @@ def new_consumer(conf: Mapping[str, str], purpose: str) -> Consumer:
         "allow.auto.create.topics": "false",
     })
     settings.setdefault("isolation.level", "read_committed")
+    # Reads are bounded ranges ending at (or near) the end of the log, where a fetch
+    # is held for fetch.wait.max.ms before EOF is known: the default 500 ms would be
+    # paid by every range read and every end-offset probe.
+    settings.setdefault("fetch.wait.max.ms", "10")
     settings.setdefault("client.id", f"streamlake-{purpose}")
     return Consumer(settings, logger=logging.getLogger(f"streamlake.librdkafka.{purpose}"))
 
@@ -204,7 +208,8 @@ class KafkaMetadataClient:
         deadline = time.monotonic() + probe_timeout_s
         try:
             while len(ends) < len(tps) and time.monotonic() < deadline:
-                for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                # Short waits: consume() blocks until num_messages arrived or the timeout.
+                for msg in consumer.consume(num_messages=1000, timeout=0.02):
                     tp = TopicPartition(msg.topic(), msg.partition())
                     err = msg.error()
                     if err is None:

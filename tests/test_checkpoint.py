@@ -1,0 +1,37 @@
+"""Reading Spark's offset log (format checked against files Spark wrote in the integration tests)."""
+
+import json
+
+import pytest
+
+from streamlake.checkpoint import CheckpointFormatError, QueryCheckpoint
+from streamlake.kafka.offsets import TopicPartition as TP
+
+
+def _write_offsets(root, batch, offsets, ts=1700000000000, sources=1):
+    (root / "offsets").mkdir(parents=True, exist_ok=True)
+    lines = ["v1", json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": ts, "conf": {}})]
+    lines += [json.dumps(offsets)] * sources
+    (root / "offsets" / str(batch)).write_text("\n".join(lines))
+
+
+def test_batch_range_comes_from_consecutive_offset_log_entries(tmp_path):
+    ck = QueryCheckpoint(tmp_path)
+    assert not ck.has_offsets() and ck.batch_start(0) is None
+    ck.save_initial_offsets({TP("t", 0): 3})
+    _write_offsets(tmp_path, 0, {"t": {"0": 10}})
+    _write_offsets(tmp_path, 1, {"t": {"0": 25}}, ts=1700000001000)
+    assert ck.batch_start(0) == {TP("t", 0): 3}
+    assert ck.batch_end(0) == ({TP("t", 0): 10}, 1700000000000)
+    assert ck.batch_start(1) == {TP("t", 0): 10}
+    assert ck.batch_end(1)[1] == 1700000001000
+    assert ck.offset_batches() == [0, 1]
+
+
+def test_unexpected_formats_are_refused(tmp_path):
+    _write_offsets(tmp_path, 0, {"t": {"0": 1}}, sources=2)
+    with pytest.raises(CheckpointFormatError, match="exactly one source"):
+        QueryCheckpoint(tmp_path).batch_end(0)
+    (tmp_path / "offsets" / "1").write_text("v9\n{}\n{}")
+    with pytest.raises(CheckpointFormatError, match="version"):
+        QueryCheckpoint(tmp_path).batch_end(1)
