@@ -153,11 +153,17 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     return IngestRun(writer.start(), sink, cfg)
 
 
+def _progress_offsets(value) -> Offsets:
+    """Offsets from a progress report field: a JSON string, a dict, "null" or absent."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return offsets_from_json(value) if value else {}
+
+
 def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
     """One line of progress: rows, rates, lag per partition, Delta version."""
     source = (progress.get("sources") or [{}])[0]
-    end = offsets_from_json(source["endOffset"]) if source.get("endOffset") else {}
-    latest = offsets_from_json(source["latestOffset"]) if source.get("latestOffset") else {}
+    end, latest = _progress_offsets(source.get("endOffset")), _progress_offsets(source.get("latestOffset"))
     lag = {str(tp): max(0, latest[tp] - end.get(tp, latest[tp])) for tp in sorted(latest)}
     result = sink.last_result
     return {
@@ -201,9 +207,11 @@ def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, 
             if last_batch is not None and p["batchId"] <= last_batch:
                 continue
             last_batch = p["batchId"]
-            if not p.get("numInputRows") and not p.get("sources", [{}])[0].get("endOffset"):
+            try:
+                line = batch_progress(p, run.sink)
+            except Exception:  # noqa: BLE001 - reporting must never stop ingestion
+                log.exception("could not report progress of batch %s", p.get("batchId"))
                 continue
-            line = batch_progress(p, run.sink)
             batches += 1
             rows += line["numInputRows"]
             with progress_path.open("a") as fh:
@@ -211,14 +219,18 @@ def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, 
             report(format_progress(line))
 
     stopping = False
-    while query.isActive:
-        query.awaitTermination(poll_s)
-        drain_progress()
-        if not stopping and stop_file(cfg.checkpoint).exists():
-            stopping = True
-            report("stop requested: finishing the current micro-batch")
-            while query.isActive and query.status.get("isTriggerActive"):
-                time.sleep(0.2)
+    try:
+        while query.isActive:
+            query.awaitTermination(poll_s)
+            drain_progress()
+            if not stopping and stop_file(cfg.checkpoint).exists():
+                stopping = True
+                report("stop requested: finishing the current micro-batch")
+                while query.isActive and query.status.get("isTriggerActive"):
+                    time.sleep(0.2)
+                query.stop()
+    finally:
+        if query.isActive:  # interrupted (e.g. KeyboardInterrupt): never leave a query running
             query.stop()
     drain_progress()
     stop_file(cfg.checkpoint).unlink(missing_ok=True)

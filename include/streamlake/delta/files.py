@@ -4,8 +4,9 @@ Each task writes its rows to one new file at its final place in the table
 directory, under a name unique to the commit attempt, and returns the file's
 metadata (size, record count, column statistics). Until the driver commits
 them, no snapshot references these files: readers cannot see them, and an
-attempt that dies leaves files that no commit will ever reference (``vacuum``
-deletes them). This is Delta's own write protocol, done from Python.
+attempt that dies leaves files that no commit will ever reference
+(``DeltaTable.vacuum(full=True)`` deletes them; delta-rs's default "lite" vacuum
+only deletes files that commits removed). This is Delta's own write protocol, done from Python.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ One micro-batch becomes at most one Delta commit:
    every partition in the batch. A concurrent commit of any of those partitions
    makes it fail (``CommitFailedError``); the sink then plans again against the
    new snapshot. Files of a failed or killed attempt are never referenced
-   (abort) and ``vacuum`` removes them.
+   (abort); ``DeltaTable.vacuum(full=True)`` removes them.
 
 Crash anywhere and restart: Spark replays the batch from its offset log, step 1
 sees what the table already holds, and every record lands exactly once. If the
