@@ -8,9 +8,9 @@ One micro-batch becomes at most one Delta commit:
    are left out, so a replayed batch, or one that overlaps a racing writer,
    writes only what is missing. A table *behind* the batch start (records would
    be skipped) stops the query with OffsetGapError.
-2. **Pre-commit** (executors): write the rows as Parquet files at their final
-   place under names unique to this attempt (:mod:`streamlake.delta.files`).
-   They are invisible until step 3.
+2. **Pre-commit** (executors): Spark writes the rows as Parquet files into a
+   directory unique to this attempt inside the table
+   (:mod:`streamlake.delta.files`). They are invisible until step 3.
 3. **Commit** (driver): one Delta commit from the *same snapshot* as step 1,
    holding the ``add`` actions and ``txn`` actions with the new next offset of
    every partition in the batch. A concurrent commit of any of those partitions
@@ -36,7 +36,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
 from streamlake.checkpoint import QueryCheckpoint
-from streamlake.delta.files import FILE_METADATA_DDL, ParquetFileWriter, add_actions
+from streamlake.delta.files import DataFile, add_actions, write_attempt_files
 from streamlake.delta.table import TableSpec, ensure_table, open_table
 from streamlake.delta.txn import committed_offsets, offset_transactions
 from streamlake.errors import CommitConflictError, OffsetGapError
@@ -178,9 +178,9 @@ class DeltaKafkaSink:
             crash_point("after_files", batch_id)
             first = dict(plan.first)
             for tp in plan.first_from_data:
-                mins = [f["min_offset"] for f in files if (f["topic"], f["partition"]) == tp]
+                mins = [f.min_offset for f in files if (f.topic, f.partition) == tp and f.min_offset is not None]
                 first[tp] = min(mins) if mins else plan.end[tp]
-            records = sum(int(f["num_records"]) for f in files)
+            records = sum(f.num_records for f in files)
             partition_values = self.partition_values(batch_time_ms)
             properties = CommitProperties(
                 app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
@@ -223,8 +223,8 @@ class DeltaKafkaSink:
                 return int(entry["version"])
         return latest
 
-    def _write_files(self, df, plan: BatchPlan, batch_time_ms: int, attempt_id: str) -> list[dict]:
-        """Pre-commit: write the rows the plan keeps as Parquet files; return their metadata."""
+    def _write_files(self, df, plan: BatchPlan, batch_time_ms: int, attempt_id: str) -> list[DataFile]:
+        """Pre-commit: write the rows the plan keeps as Parquet files; describe them."""
         from pyspark.sql import functions as F
 
         rows = self.prepare(df, plan.batch_id, batch_time_ms)
@@ -234,8 +234,5 @@ class DeltaKafkaSink:
                 cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition) & (F.col("offset") >= low)
                 keep = cond if keep is None else keep | cond
             rows = rows.where(keep)
-        writer = ParquetFileWriter(
-            self.table_path, attempt_id, self.partition_values(batch_time_ms),
-            self.spec.file_schema, self.stats_columns,
-        )
-        return [r.asDict() for r in rows.mapInArrow(writer, FILE_METADATA_DDL).collect()]
+        return write_attempt_files(rows, self.table_path, attempt_id, self.partition_values(batch_time_ms),
+                                   self.spec.file_schema.names, self.stats_columns)
