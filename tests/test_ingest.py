@@ -98,15 +98,17 @@ def test_processing_time_trigger_honours_the_read_limit(spark, produce, topic_na
                                            processing_time_s=0.2, max_offsets_per_trigger=400))
     tps = [TP(topic_name, p) for p in range(3)]
     deadline = time.monotonic() + 120
+    sizes: list[int] = []
     try:
         while time.monotonic() < deadline:
             assert run.query.exception() is None
-            if run.query.lastProgress and sum(committed_offsets(open_table(lake["table"]), tps).values()) == 2400:
+            # Progress is published after the sink returns: wait for the table and the report.
+            sizes = [p["numInputRows"] for p in run.query.recentProgress if p["numInputRows"]]
+            if sum(sizes) == 2400 and sum(committed_offsets(open_table(lake["table"]), tps).values()) == 2400:
                 break
             time.sleep(0.5)
     finally:
         run.query.stop()
-    sizes = [p["numInputRows"] for p in run.query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 2400 and len(sizes) >= 6 and max(sizes) <= 400, sizes
     assert_exactly_once(lake, topic_name, expected_rows=2400)
 
