@@ -98,10 +98,11 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = ["ceiling\n(kafka→parquet,\n1 process)", "ingest\n(processing)", "ingest\n(end to end)"]
+    labels = ["ceiling\n(kafka→parquet,\n1 process)", "ingest\n(processing)", "ingest\n(warm batches)",
+              "ingest\n(end to end)"]
     values = [result["ceiling"]["records_per_second"], result["ingest"]["records_per_second"],
-              result["ingest"]["end_to_end_records_per_second"]]
-    bars = left.bar(labels, values, color=["#888888", "#2a7ab9", "#8fbde0"])
+              result["ingest"].get("steady_records_per_second", 0), result["ingest"]["end_to_end_records_per_second"]]
+    bars = left.bar(labels, values, color=["#888888", "#2a7ab9", "#5b9bd5", "#8fbde0"])
     left.bar_label(bars, labels=[f"{v:,.0f}" for v in values])
     left.axhline(0.5 * values[0], color="#c0392b", linestyle="--", linewidth=1, label="target: 0.5 × ceiling")
     left.set_ylabel("records / s")
@@ -136,8 +137,17 @@ def markdown(result: dict) -> str:
         "| run | records | seconds | records/s | MB/s | × ceiling |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    if "steady_records_per_second" in i:
+        warm = i["batches"][1:]
+        rows.insert(2, ("ingest: micro-batches after the first (warm workers)", sum(b["numInputRows"] for b in warm),
+                        sum(b["durationMs"] for b in warm) / 1000, i["steady_records_per_second"],
+                        i["steady_records_per_second"] * c["mb_per_second"] / c["records_per_second"],
+                        result["steady_ratio"]))
     out += [f"| {name} | {n:,} | {s:.1f} | {rps:,.0f} | {mbps:.1f} | {ratio:.2f} |" for name, n, s, rps, mbps, ratio in rows]
     out += [
+        "",
+        f"Ceiling runs: {', '.join(f'{x:.1f} s' for x in c['runs_seconds'])} (the faster is the baseline). "
+        f"JVM start-up and planning before the first batch: {i['startup_seconds']:.1f} s.",
         "",
         f"**Ratio ingest / ceiling: {result['ratio']:.2f}** (target ≥ 0.5; end to end {result['end_to_end_ratio']:.2f}). "
         f"Audit of the ingested table: **{'exactly once' if result['audit']['exactly_once'] else 'VIOLATED'}** "
@@ -146,11 +156,32 @@ def markdown(result: dict) -> str:
         "",
         "Micro-batches (Spark's own timing, ms):",
         "",
-        "| batch | rows | triggerExecution | rows/s |",
-        "|---:|---:|---:|---:|",
+        "| batch | rows | total | addBatch (read Kafka, write files, Delta commit) | latestOffset | "
+        "walCommit | commitOffsets | other | rows/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    out += [f"| {b['batchId']} | {b['numInputRows']:,} | {b['durationMs']:,} | {b['processedRowsPerSecond']:,.0f} |"
-            for b in i["batches"]]
+    for b in i["batches"]:
+        d = b.get("durations", {})
+        parts = [d.get(k, 0) for k in ("addBatch", "latestOffset", "walCommit", "commitOffsets")]
+        out.append(f"| {b['batchId']} | {b['numInputRows']:,} | {b['durationMs']:,} | "
+                   + " | ".join(f"{x:,}" for x in parts)
+                   + f" | {b['durationMs'] - sum(parts):,} | {b['processedRowsPerSecond']:,.0f} |")
+    first, warm = i["batches"][0], i["batches"][1:]
+    if warm:
+        warm_ms = sum(b["durationMs"] for b in warm) / len(warm)
+        add_share = sum(b.get("durations", {}).get("addBatch", 0) for b in warm) / max(1, sum(b["durationMs"] for b in warm))
+        out += [
+            "",
+            "Where the time goes:",
+            "",
+            f"- **Start-up, {i['startup_seconds']:.0f} s** (end to end only): JVM, SparkSession, initial offsets.",
+            f"- **First micro-batch, {first['durationMs'] / 1000:.1f} s vs {warm_ms / 1000:.1f} s warm**: it starts "
+            "Spark's Python workers (imports of pyspark, pyarrow, confluent-kafka) and runs cold JIT code.",
+            f"- **Warm micro-batches: {add_share:.0%} in addBatch**, i.e. the Spark job: Python workers read Kafka "
+            "into Arrow batches, the JVM turns them into rows and encodes Parquet. Task metrics show the JVM "
+            "side as the largest CPU consumer; on 2 cores it shares the machine with the broker, which serves "
+            "the same bytes to both runs. Offset planning, the offset log and the Delta commit are the rest.",
+        ]
     out += ["", "![throughput](ingest.png)", ""]
     return "\n".join(out)
 
@@ -161,7 +192,7 @@ def main() -> int:
     parser.add_argument("--value-bytes", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=250_000)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=500_000)
     parser.add_argument("--min-partitions", type=int)
     args = parser.parse_args()
 
@@ -180,8 +211,11 @@ def main() -> int:
               file=sys.stderr)
         produced = produce_sensor_readings("bench", args.records, partitions=args.partitions,
                                            value_bytes=args.value_bytes, seed=42)
-        print("2/4 ceiling: confluent-kafka + pyarrow, one process, no Spark", file=sys.stderr)
-        ceil = ceiling("bench", args.partitions, WORK / "ceiling")
+        print("2/4 ceiling: confluent-kafka + pyarrow, one process, no Spark (twice; the faster counts)",
+              file=sys.stderr)
+        runs = [ceiling("bench", args.partitions, WORK / f"ceiling{i}") for i in (1, 2)]
+        ceil = min(runs, key=lambda r: r["seconds"])
+        ceil["runs_seconds"] = [r["seconds"] for r in runs]
         print("3/4 ingest: streamlake ingest (spark-submit)", file=sys.stderr)
         ing = ingest("bench", WORK / "bronze", WORK / "checkpoint", args.master, args.max_offsets_per_trigger,
                      args.min_partitions)
@@ -201,6 +235,10 @@ def main() -> int:
     ing["records_per_second"] = round(ing["records"] / ing["processing_seconds"], 1)
     ing["mb_per_second"] = round(mb / ing["processing_seconds"], 1)
     ing["end_to_end_records_per_second"] = round(ing["records"] / ing["wall_seconds"], 1)
+    warm = ing["batches"][1:]
+    if warm:  # batch 0 also starts Spark's Python workers and warms the JIT
+        warm_s = sum(b["durationMs"] for b in warm) / 1000
+        ing["steady_records_per_second"] = round(sum(b["numInputRows"] for b in warm) / warm_s, 1)
     ing["end_to_end_mb_per_second"] = round(mb / ing["wall_seconds"], 1)
     result = {
         "params": {"records": args.records, "value_bytes": args.value_bytes, "partitions": args.partitions,
@@ -212,6 +250,8 @@ def main() -> int:
         "ratio": round(ing["records_per_second"] / ceil["records_per_second"], 3),
         "end_to_end_ratio": round(ing["end_to_end_records_per_second"] / ceil["records_per_second"], 3),
     }
+    if "steady_records_per_second" in ing:
+        result["steady_ratio"] = round(ing["steady_records_per_second"] / ceil["records_per_second"], 3)
     (RESULTS / "ingest.json").write_text(json.dumps(result, indent=2))
     (RESULTS / "ingest.md").write_text(markdown(result))
     plot(result, RESULTS / "ingest.png")

@@ -173,6 +173,7 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
         "inputRowsPerSecond": round(progress.get("inputRowsPerSecond") or 0.0, 1),
         "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
         "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
+        "durations": progress.get("durationMs", {}),
         "lag": lag,
         "deltaVersion": result.version if result and result.batch_id == progress.get("batchId") else None,
     }
