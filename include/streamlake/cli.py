@@ -4,6 +4,7 @@
     streamlake produce --topic T --count N demo sensor readings
     streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
     streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
+    streamlake vacuum --table D            delete files of aborted commit attempts
     streamlake demo                        broker + producer + continuous ingest, with progress
     streamlake stop                        stop every service the platform started
 
@@ -144,6 +145,15 @@ def cmd_audit(args) -> int:
     return 0 if report.exactly_once else 3
 
 
+def cmd_vacuum(args) -> int:
+    from streamlake.delta.table import vacuum_table
+
+    files = vacuum_table(args.table, retention_hours=args.retention_hours, dry_run=args.dry_run)
+    _print_json({"table": args.table, "dry_run": args.dry_run, "files": files})
+    print(f"{'would delete' if args.dry_run else 'deleted'} {len(files)} files", file=sys.stderr)
+    return 0
+
+
 # -- demo / stop ------------------------------------------------------------------------------
 
 def demo_paths() -> dict[str, str]:
@@ -261,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--version", type=int, help="audit this Delta version (default latest)")
     a.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
     a.set_defaults(func=cmd_audit)
+
+    v = sub.add_parser("vacuum", help="delete files no snapshot references (aborted commit attempts, old files)")
+    v.add_argument("--table", required=True)
+    v.add_argument("--retention-hours", type=int, default=168,
+                   help="keep files referenced in the last N hours (default 168); 0 only when no writer runs")
+    v.add_argument("--dry-run", action="store_true", help="list, do not delete")
+    v.set_defaults(func=cmd_vacuum)
 
     d = sub.add_parser("demo", help="broker + producer + continuous ingest with live progress")
     d.add_argument("--topic", default="sensors")
