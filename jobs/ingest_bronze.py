@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
+from streamlake.control import JobControl
 from streamlake.errors import StreamLakeError
 from streamlake.ingest import add_ingest_arguments, config_from_args, describe_failure, run_ingest
 from streamlake.spark import get_spark
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status
         message = describe_failure(exc)
         print(f"ERROR: {message}", file=sys.stderr, flush=True)
-        return 2 if "Error:" in message and message.split(":")[0] in _PLATFORM_ERRORS else 1
+        JobControl(cfg.checkpoint).write_state(last_failure={"at": time.time(), "message": message})
+        return 2 if message.split(":")[0] in _PLATFORM_ERRORS else 1
     finally:
         spark.stop()
     print(f"ingest finished: {summary['rows']} rows in {summary['batches']} micro-batches, "
@@ -45,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_PLATFORM_ERRORS = {cls.__name__ for cls in StreamLakeError.__subclasses__()} | {"StreamLakeError"}
+def _error_names(cls: type) -> set[str]:
+    return {cls.__name__}.union(*(_error_names(sub) for sub in cls.__subclasses__()))
+
+
+_PLATFORM_ERRORS = _error_names(StreamLakeError)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,13 @@
     streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
     streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
     streamlake vacuum --table D            delete files of aborted commit attempts
-    streamlake demo                        broker + producer + continuous ingest, with progress
+    streamlake job list|show|define|status|run|stop NAME
+    streamlake savepoint create|list|show|dispose|restore
+    streamlake check --job NAME            consistency check (recorded); --list for history
+    streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1
+    streamlake airflow start|stop|status   Airflow standalone with the DAGs
+    streamlake platform                    broker + producer + Airflow (`make run`)
+    streamlake demo                        broker + producer + continuous ingest, no Airflow
     streamlake stop                        stop every service the platform started
 
 Exit status: 0 success, 1 failure, 2 bad input or a platform error (the message
@@ -154,6 +160,157 @@ def cmd_vacuum(args) -> int:
     return 0
 
 
+# -- jobs, savepoints, checks --------------------------------------------------------------
+
+def cmd_job(args) -> int:
+    from dataclasses import replace
+
+    from streamlake.jobs import JobSpec, list_jobs, load_job, save_job
+
+    if args.action == "list":
+        _print_json(list_jobs())
+    elif args.action == "show":
+        _print_json(load_job(args.name).to_dict())
+    elif args.action == "define":
+        from streamlake import config
+
+        data = config.home() / "data"
+        try:
+            spec = load_job(args.name)
+        except KeyError:
+            spec = JobSpec(name=args.name, topics=[args.topic or args.name], table=str(data / "bronze" / args.name),
+                           checkpoint=str(data / "checkpoints" / args.name))
+        changes = {k: v for k, v in {
+            "topics": [t for t in (args.topic or "").split(",") if t] or None, "table": args.table,
+            "checkpoint": args.checkpoint, "max_offsets_per_trigger": args.max_offsets_per_trigger,
+            "min_partitions": args.min_partitions, "processing_time_s": args.processing_time,
+            "master": args.master, "spark_conn_id": args.spark_conn_id,
+            "total_executor_cores": args.total_executor_cores, "executor_cores": args.executor_cores,
+        }.items() if v is not None}
+        _print_json(save_job(replace(spec, **changes)).to_dict())
+    elif args.action == "status":
+        from streamlake.control import JobControl
+
+        job = load_job(args.name)
+        control = JobControl(job.checkpoint)
+        _print_json({"job": job.name, "running": control.is_running(), **control.read_state()})
+    elif args.action == "stop":
+        from streamlake.control import JobControl
+
+        control = JobControl(load_job(args.name).checkpoint)
+        if not control.is_running():
+            print(f"job {args.name} is not running")
+            return 0
+        control.request_stop()
+        control.wait_stopped(args.timeout)
+        print(f"job {args.name} stopped at a micro-batch boundary")
+    elif args.action == "run":
+        from streamlake.runner import run_supervised, submit_with_subprocess
+        from streamlake.supervisor import RestartStrategy
+
+        job = load_job(args.name)
+        strategy = RestartStrategy(args.restart_strategy, attempts=args.restart_attempts,
+                                   delay_s=args.restart_delay, max_failures=args.max_failures,
+                                   interval_s=args.failure_interval)
+        result = run_supervised(job, strategy, submit_with_subprocess(job, args.master or job.master))
+        _print_json(result.__dict__)
+    return 0
+
+
+def cmd_savepoint(args) -> int:
+    from streamlake import savepoints
+
+    if args.action == "create":
+        from streamlake.jobs import load_job
+
+        manifest = savepoints.create_savepoint(load_job(args.job), stop=args.stop, note=args.note or "")
+        print(manifest.id)
+        print(f"savepoint {manifest.id} of job {manifest.job}: table version {manifest.tables[0].version}, "
+              f"offsets {manifest.kafka_offsets}{'; job stopped' if args.stop else ''}", file=sys.stderr)
+    elif args.action == "list":
+        _print_json([{"id": m.id, "job": m.job, "created_at": m.created_at,
+                      "versions": {t.name: t.version for t in m.tables}, "offsets": m.kafka_offsets}
+                     for m in savepoints.list_savepoints(args.job)])
+    elif args.action == "show":
+        _print_json(savepoints.load_savepoint(args.id).to_dict())
+    elif args.action == "dispose":
+        savepoints.dispose_savepoint(args.id)
+        print(f"savepoint {args.id} disposed")
+    elif args.action == "restore":
+        result = savepoints.restore_savepoint(args.id)
+        _print_json(result)
+        print(f"restored; start the job again (e.g. `streamlake job run {result['job']}` or the "
+              f"streaming_ingest DAG)", file=sys.stderr)
+    return 0
+
+
+def cmd_check(args) -> int:
+    from streamlake.consistency import check_consistency, recent_checks
+    from streamlake.jobs import load_job
+
+    if args.list:
+        _print_json(recent_checks(args.limit, args.job))
+        return 0
+    result = check_consistency(load_job(args.job), args.operation)
+    _print_json(result.to_dict())
+    print(result.summary, file=sys.stderr)
+    return 0 if result.passed else 3
+
+
+def cmd_spark(args) -> int:
+    from streamlake import spark_cluster
+
+    if args.action == "start":
+        _print_json(spark_cluster.start(args.workers, args.cores_per_worker, args.memory))
+    elif args.action == "stop":
+        print("stopped: " + (", ".join(spark_cluster.stop()) or "nothing was running"))
+    else:
+        state = spark_cluster.status()
+        _print_json(state)
+        return 0 if state["running"] else 1
+    return 0
+
+
+def cmd_airflow(args) -> int:
+    from streamlake import airflow_setup
+
+    if args.action == "start":
+        info = airflow_setup.start(args.port)
+        print(f"Airflow UI: {info['url']}  (user {info['user']}, password {info['password']})")
+    elif args.action == "stop":
+        print("Airflow stopped" if airflow_setup.stop() else "Airflow was not running")
+    else:
+        running = procs.status(airflow_setup.SERVICE) is not None
+        _print_json({"running": running, "ui_ready": airflow_setup.ui_ready(args.port), "home": str(airflow_setup.airflow_home())})
+        return 0 if running else 1
+    return 0
+
+
+def cmd_platform(args) -> int:
+    """`make run`: broker, demo producer, Airflow standalone with the DAGs."""
+    from streamlake import airflow_setup
+    from streamlake.kafka import broker
+    from streamlake.spark import job_environment
+
+    state = broker.start(args.kafka_port)
+    print(f"Kafka (embedded):  {state['bootstrap']}")
+    env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
+    exe = str(Path(sys.executable).parent / "streamlake")
+    if procs.status("producer") is None:
+        procs.start("producer", [exe, "produce", "--topic", args.topic, "--count", "0", "--partitions", "3",
+                                 "--rate", str(args.rate), "--quiet"], env=env)
+    print(f"Demo producer:     {args.rate:g} sensor readings/s into topic {args.topic!r}")
+    print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
+    info = airflow_setup.start(args.port)
+    print(f"Airflow UI:        {info['url']}")
+    print(f"Log in:            user {info['user']}, password {info['password']} "
+          f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
+    print("DAGs:              streaming_ingest (runs every few minutes), savepoint, restore, rescale")
+    print(f"Logs:              {config.log_dir()}")
+    print("Stop everything:   make stop")
+    return 0
+
+
 # -- demo / stop ------------------------------------------------------------------------------
 
 def demo_paths() -> dict[str, str]:
@@ -221,9 +378,12 @@ def cmd_stop(args) -> int:
     if not running:
         print("nothing running")
         return 0
-    # Stop consumers of Kafka before the broker, ingest gracefully first.
-    order = {"kafka": 2}
-    for state in sorted(running, key=lambda s: order.get(s.name, 0)):
+    # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
+    def rank(name: str) -> int:
+        return {"airflow": 0, "ingest": 1, "producer": 1, "spark-master": 3, "kafka": 4}.get(
+            name, 2 if name.startswith("spark-worker") else 1)
+
+    for state in sorted(running, key=lambda s: rank(s.name)):
         if state.name == "ingest" and state.info.get("checkpoint"):
             request_stop(state.info["checkpoint"])
             try:
@@ -288,6 +448,61 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
     d.set_defaults(func=cmd_demo)
 
+    j = sub.add_parser("job", help="named jobs: list, show, define, status, run (supervised), stop")
+    j.add_argument("action", choices=["list", "show", "define", "status", "run", "stop"])
+    j.add_argument("name", nargs="?", default="bronze_sensors")
+    j.add_argument("--topic", help="define: topic(s), comma-separated")
+    j.add_argument("--table", help="define: bronze table directory")
+    j.add_argument("--checkpoint", help="define: checkpoint directory")
+    j.add_argument("--max-offsets-per-trigger", type=int)
+    j.add_argument("--min-partitions", type=int)
+    j.add_argument("--processing-time", type=float, help="define: trigger interval when continuous")
+    j.add_argument("--master", help="Spark master for `run` (default: the job's)")
+    j.add_argument("--spark-conn-id", help="define: Airflow connection of the Spark master")
+    j.add_argument("--total-executor-cores", type=int)
+    j.add_argument("--executor-cores", type=int)
+    j.add_argument("--restart-strategy", default="fixed-delay", choices=["fixed-delay", "failure-rate", "none"])
+    j.add_argument("--restart-attempts", type=int, default=3)
+    j.add_argument("--restart-delay", type=float, default=10.0)
+    j.add_argument("--max-failures", type=int, default=3)
+    j.add_argument("--failure-interval", type=float, default=300.0)
+    j.add_argument("--timeout", type=float, default=120.0, help="stop: seconds to wait")
+    j.set_defaults(func=cmd_job)
+
+    sp = sub.add_parser("savepoint", help="savepoints: create, list, show, dispose, restore")
+    sp.add_argument("action", choices=["create", "list", "show", "dispose", "restore"])
+    sp.add_argument("id", nargs="?", help="savepoint id (show, dispose, restore)")
+    sp.add_argument("--job", default=None, help="job (create: default bronze_sensors; list: filter)")
+    sp.add_argument("--stop", action="store_true", help="create: stop the job after the savepoint")
+    sp.add_argument("--note")
+    sp.set_defaults(func=cmd_savepoint)
+
+    c = sub.add_parser("check", help="consistency check of a job's table (recorded), or --list past checks")
+    c.add_argument("--job", default="bronze_sensors")
+    c.add_argument("--operation", default="manual")
+    c.add_argument("--list", action="store_true")
+    c.add_argument("--limit", type=int, default=20)
+    c.set_defaults(func=cmd_check)
+
+    sc = sub.add_parser("spark", help="Spark standalone cluster on 127.0.0.1: start, stop, status")
+    sc.add_argument("action", choices=["start", "stop", "status"])
+    sc.add_argument("--workers", type=int, default=2)
+    sc.add_argument("--cores-per-worker", type=int, default=1)
+    sc.add_argument("--memory", default="2g")
+    sc.set_defaults(func=cmd_spark)
+
+    af = sub.add_parser("airflow", help="Airflow standalone with the platform's DAGs: start, stop, status")
+    af.add_argument("action", choices=["start", "stop", "status"])
+    af.add_argument("--port", type=int, default=8080)
+    af.set_defaults(func=cmd_airflow)
+
+    pl = sub.add_parser("platform", help="broker + demo producer + Airflow (what `make run` runs)")
+    pl.add_argument("--topic", default="sensors")
+    pl.add_argument("--rate", type=float, default=200.0)
+    pl.add_argument("--port", type=int, default=8080)
+    pl.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
+    pl.set_defaults(func=cmd_platform)
+
     s = sub.add_parser("stop", help="stop every service the platform started")
     s.set_defaults(func=cmd_stop)
     return parser
@@ -302,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     except StreamLakeError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 2
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+    except (FileNotFoundError, RuntimeError, TimeoutError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 1
     sys.stdout.flush()

@@ -10,14 +10,15 @@ the tests. Start-up decides where a *new* query starts reading:
 and records that start in the checkpoint (:mod:`streamlake.checkpoint`). An
 existing checkpoint is resumed as is; the sink reconciles it with the table.
 
-A running query stops at a micro-batch boundary when :func:`request_stop`
-creates the stop file (what the CLI does on Ctrl-C/SIGTERM, and savepoints do).
+A running job stops or pauses at a micro-batch boundary on request (see
+:mod:`streamlake.control`); the CLI asks for a stop on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Callable
 
 from streamlake import bronze
 from streamlake.checkpoint import QueryCheckpoint
+from streamlake.control import JobControl
 from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
@@ -70,19 +72,13 @@ class IngestConfig:
         return opts
 
 
-def stop_file(checkpoint: str | Path) -> Path:
-    return Path(checkpoint) / "streamlake" / "STOP"
-
-
 def progress_file(checkpoint: str | Path) -> Path:
     return Path(checkpoint) / "streamlake" / "progress.jsonl"
 
 
 def request_stop(checkpoint: str | Path) -> None:
-    """Ask the query using ``checkpoint`` to stop at its next micro-batch boundary."""
-    path = stop_file(checkpoint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
+    """Ask the job using ``checkpoint`` to stop at its next micro-batch boundary."""
+    JobControl(checkpoint).request_stop()
 
 
 def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint) -> Offsets | None:
@@ -131,7 +127,6 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
 
     register(spark)
     checkpoint = QueryCheckpoint(cfg.checkpoint)
-    stop_file(cfg.checkpoint).unlink(missing_ok=True)
     options = cfg.source_options()
     KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
     initial = resolve_initial_offsets(cfg, checkpoint)
@@ -187,23 +182,55 @@ def format_progress(p: dict) -> str:
             f"lag {sum(lag.values())} ({lag_text}), delta version {version}")
 
 
-def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0) -> dict:
-    """Run the ingest query until it ends (available-now) or a stop is requested.
+def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0,
+               mode: str | None = None) -> dict:
+    """Run the ingest job until it ends (available-now) or is stopped.
 
-    Progress of every micro-batch goes to ``report`` and, as JSON lines, to the
-    checkpoint's ``streamlake/progress.jsonl``. Returns a summary; re-raises the
+    Holds the job lock for its whole life and obeys the control files (see
+    :mod:`streamlake.control`): STOP ends the job at a micro-batch boundary,
+    PAUSE stops the query at a boundary and starts it again once PAUSE is gone.
+    Progress of every micro-batch goes to ``report`` and, as JSON lines, to
+    ``<checkpoint>/streamlake/progress.jsonl``. Returns a summary; re-raises the
     query's failure (see :func:`describe_failure` for a readable message).
     """
-    run = start_ingest(spark, cfg)
-    query = run.query
+    control = JobControl(cfg.checkpoint)
     progress_path = progress_file(cfg.checkpoint)
+    started = time.monotonic()
+    totals = {"batches": 0, "rows": 0}
+    with control.running():
+        control.clear_requests()
+        control.write_state(mode=mode or ("available-now" if cfg.available_now else "continuous"),
+                            pid=os.getpid(), started_at=time.time(), query_name=cfg.query_name)
+        stopped = False
+        while True:
+            run = start_ingest(spark, cfg)
+            outcome = _follow(run, control, progress_path, report, poll_s, totals)
+            if outcome != "paused":
+                stopped = outcome == "stopped"
+                break
+            result = run.sink.last_result
+            control.mark_paused({"paused_at": time.time(), "last_batch": result.batch_id if result else None})
+            report("paused at a micro-batch boundary")
+            while control.pause_requested() and not control.stop_requested():
+                time.sleep(0.2)
+            control.clear_paused()
+            if control.stop_requested():
+                stopped = True
+                break
+            report("resuming")
+        control.clear_requests()
+    return {**totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
+
+
+def _follow(run: "IngestRun", control: JobControl, progress_path: Path, report: Callable[[str], None],
+            poll_s: float, totals: dict) -> str:
+    """Report progress until the query ends; "finished", "stopped" or "paused"."""
+    query = run.query
     progress_path.parent.mkdir(parents=True, exist_ok=True)
     last_batch = None
-    batches = rows = 0
-    started = time.monotonic()
 
     def drain_progress() -> None:
-        nonlocal last_batch, batches, rows
+        nonlocal last_batch
         for p in query.recentProgress:
             if last_batch is not None and p["batchId"] <= last_batch:
                 continue
@@ -213,32 +240,31 @@ def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, 
             except Exception:  # noqa: BLE001 - reporting must never stop ingestion
                 log.exception("could not report progress of batch %s", p.get("batchId"))
                 continue
-            batches += 1
-            rows += line["numInputRows"]
+            totals["batches"] += 1
+            totals["rows"] += line["numInputRows"]
             with progress_path.open("a") as fh:
                 fh.write(json.dumps(line) + "\n")
             report(format_progress(line))
 
-    stopping = False
+    outcome = "finished"
     try:
         while query.isActive:
             query.awaitTermination(poll_s)
             drain_progress()
-            if not stopping and stop_file(cfg.checkpoint).exists():
-                stopping = True
-                report("stop requested: finishing the current micro-batch")
+            request = "stopped" if control.stop_requested() else "paused" if control.pause_requested() else None
+            if request:
+                outcome = request
+                report(f"{'stop' if request == 'stopped' else 'pause'} requested: finishing the current micro-batch")
                 while query.isActive and query.status.get("isTriggerActive"):
-                    time.sleep(0.2)
+                    time.sleep(0.1)
                 query.stop()
     finally:
         if query.isActive:  # interrupted (e.g. KeyboardInterrupt): never leave a query running
             query.stop()
     drain_progress()
-    stop_file(cfg.checkpoint).unlink(missing_ok=True)
     if query.exception() is not None:
         raise query.exception()
-    return {"batches": batches, "rows": rows, "seconds": round(time.monotonic() - started, 1),
-            "stopped": stopping}
+    return outcome
 
 
 _ERROR_LINE = re.compile(r"streamlake\.errors\.(\w+): (.+)")

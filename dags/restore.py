@@ -1,0 +1,99 @@
+"""
+### restore: put a job back to a savepoint and resume it from there
+
+Flink's `run -s <savepoint>`. Steps:
+
+1. **restore**: stop the job if it runs; roll every table of the savepoint
+   back to its Delta version *as a new commit* (history is kept) that also
+   resets the Kafka offsets to the savepoint's, atomically; put the savepoint's
+   checkpoint copy in place.
+2. **check_restored**: the table matches Kafka up to the savepoint (audit clean,
+   offsets equal the manifest's).
+3. **resume**: the job ingests from the savepoint's offsets (available-now, on
+   `spark_conn_id`): everything that arrived since the savepoint.
+4. **check_resumed**: after the new data, still exactly once.
+5. **continue_continuous**: if the job was running continuously before the
+   restore, a continuous `streaming_ingest` run is triggered to keep it running.
+
+The form lists the existing savepoint ids (newest first); the list is refreshed
+when the DAG is re-parsed. Shell: `streamlake savepoint restore ID`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, task
+
+from streamlake.orchestration.operators import JobIngestOperator
+from streamlake.orchestration.tasks import savepoint_ids
+
+SAVEPOINTS = savepoint_ids()
+
+with DAG(
+    dag_id="restore",
+    description="Restore a job's tables, offsets and checkpoint from a savepoint, resume, and prove consistency",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    tags=["streamlake", "operations", "savepoint"],
+    default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    render_template_as_native_obj=True,
+    params={
+        "savepoint_id": Param(SAVEPOINTS[0] if SAVEPOINTS else "", type="string", title="Savepoint",
+                              **({"enum": SAVEPOINTS} if SAVEPOINTS else {}),
+                              description="Savepoint to restore (`streamlake savepoint list`); newest first."),
+        "spark_conn_id": Param("spark_default", type="string", title="Spark connection",
+                               description="Where the resumed job runs: spark_default (local[*]) or spark_cluster."),
+    },
+) as dag:
+
+    @task(task_id="restore")
+    def restore(params: dict) -> dict:
+        """Stop the job, restore tables (as new commits, offsets reset) and the checkpoint."""
+        from streamlake.orchestration.tasks import restore
+
+        return restore(params["savepoint_id"])
+
+    @task(task_id="check_restored")
+    def check_restored(restored: dict) -> dict:
+        """The table equals the savepoint: audit clean and offsets exactly the savepoint's."""
+        from streamlake.orchestration.tasks import consistency_check
+
+        return consistency_check(restored["job"], "restore", expected_offsets=restored["offsets"],
+                                 extra={"savepoint": restored["savepoint"]})
+
+    resume = JobIngestOperator(
+        task_id="resume",
+        job_name="{{ ti.xcom_pull(task_ids='restore')['job'] }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
+        doc_md="Ingest from the savepoint's offsets up to what Kafka holds now (available-now).",
+    )
+
+    @task(task_id="check_resumed")
+    def check_resumed(restored: dict) -> dict:
+        """After the new data: still exactly once."""
+        from streamlake.orchestration.tasks import consistency_check
+
+        return consistency_check(restored["job"], "restore-resumed", extra={"savepoint": restored["savepoint"]})
+
+    @task.short_circuit(task_id="was_continuous", ignore_downstream_trigger_rules=False)
+    def was_continuous(restored: dict) -> bool:
+        """Only a job that ran continuously before the restore is started continuously again."""
+        return restored["mode"] == "continuous" and restored["job_was_running"]
+
+    continue_continuous = TriggerDagRunOperator(
+        task_id="continue_continuous",
+        trigger_dag_id="streaming_ingest",
+        conf={"mode": "continuous", "job": "{{ ti.xcom_pull(task_ids='restore')['job'] }}",
+              "spark_conn_id": "{{ params.spark_conn_id }}"},
+        wait_for_completion=False,
+    )
+
+    restored = restore()
+    checked = check_restored(restored)
+    checked >> resume
+    resumed_check = check_resumed(restored)
+    resume >> resumed_check >> was_continuous(restored) >> continue_continuous

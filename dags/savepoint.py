@@ -1,0 +1,64 @@
+"""
+### savepoint: the job's complete state at a micro-batch boundary
+
+Flink's *savepoint* / *stop-with-savepoint* for Spark + Delta. The job is
+brought to a micro-batch boundary (a running job pauses between batches; an
+idle one is kept from starting), and a savepoint is written to
+`$STREAMLAKE_HOME/savepoints/<id>/`:
+
+* `manifest.json`: id, time, each table's Delta version, the Kafka offsets per
+  partition *as recorded in the table* (`txn` actions), the job config and the
+  code version;
+* `checkpoint/`: a copy of the Spark query checkpoint.
+
+The job then resumes (or stops, with `stop=true`), and the **consistency
+check** audits the table *at the savepoint's version* and checks its offsets
+equal the manifest's. The check runs after the job resumed, against the pinned
+version, so the pause lasts only for the copy.
+
+Use the id with the `restore` DAG or `streamlake savepoint restore ID`. The
+same from the shell: `streamlake savepoint create --job NAME [--stop]`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import DAG, Param, task
+
+from streamlake.jobs import DEMO_JOB
+
+with DAG(
+    dag_id="savepoint",
+    description="Savepoint of a job (Delta versions, Kafka offsets, checkpoint copy), then a consistency check",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    tags=["streamlake", "operations", "savepoint"],
+    default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    params={
+        "job": Param(DEMO_JOB, type="string", title="Job", description="Name of the job to savepoint."),
+        "stop": Param(False, type="boolean", title="Stop after savepoint",
+                      description="Stop the job after the savepoint (Flink's stop-with-savepoint) "
+                                  "instead of resuming it."),
+        "note": Param("", type="string", title="Note", description="Free text kept in the manifest."),
+    },
+) as dag:
+
+    @task(task_id="take_savepoint")
+    def take(params: dict) -> dict:
+        """Pause at a micro-batch boundary, copy the checkpoint, record versions and offsets."""
+        from streamlake.orchestration.tasks import take_savepoint
+
+        return take_savepoint(params["job"], params["stop"], params["note"])
+
+    @task(task_id="consistency_check")
+    def check(savepoint: dict) -> dict:
+        """Audit the table at the savepoint's version; its offsets must equal the manifest's."""
+        from streamlake.orchestration.tasks import consistency_check
+
+        return consistency_check(savepoint["job"], "savepoint", expected_offsets=savepoint["offsets"],
+                                 version=savepoint["version"], extra={"savepoint": savepoint["id"]})
+
+    check(take())

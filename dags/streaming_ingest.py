@@ -1,0 +1,109 @@
+"""
+### streaming_ingest: Kafka -> bronze Delta table, exactly once
+
+Two modes, chosen by the `mode` param:
+
+* **scheduled** (what the schedule runs): the job's bronze ingest with the
+  *available-now* trigger, through the Spark provider's `spark-submit`, on the
+  master of the `spark_conn_id` connection (`spark_default` = `local[*]`,
+  `spark_cluster` = the standalone cluster of `streamlake spark start`). It
+  ingests everything Kafka holds at start, in micro-batches of at most the
+  job's `max_offsets_per_trigger`, then stops. The schedule interval is
+  `STREAMLAKE_INGEST_EVERY_MINUTES` (default 5), read when the DAG is parsed:
+  Airflow params cannot change a schedule.
+* **continuous** (trigger manually): a supervisor keeps a processing-time query
+  running and restarts it after a failure by the restart strategy in the params
+  (`fixed-delay`, `failure-rate` or `none`, as in Flink). Every restart is
+  logged with its cause; when the strategy gives up, the run fails with the
+  reason. The run ends successfully when the job is stopped on request
+  (`streamlake job stop NAME`, or the `savepoint` DAG with `stop=true`).
+
+Either way, a **consistency check** follows: the offset audit of the table
+against Kafka (missing / duplicated / extra / mismatched records), appended to
+the `consistency_checks` table; a violation fails the run with the summary.
+
+Only one run at a time (`max_active_runs=1`): scheduled runs wait while a
+continuous run is active. Logic lives in `include/streamlake/`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+from airflow.sdk import DAG, Param, TriggerRule, task
+
+from streamlake.jobs import DEMO_JOB
+from streamlake.orchestration.operators import JobIngestOperator
+
+EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
+
+with DAG(
+    dag_id="streaming_ingest",
+    description="Kafka -> bronze Delta exactly once: scheduled available-now runs or a supervised continuous job",
+    doc_md=__doc__,
+    schedule=dt.timedelta(minutes=EVERY_MINUTES),
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    is_paused_upon_creation=False,
+    tags=["streamlake", "ingest", "exactly-once"],
+    default_args={"owner": "streamlake", "retries": 2, "retry_delay": dt.timedelta(minutes=1)},
+    params={
+        "job": Param(DEMO_JOB, type="string", title="Job",
+                     description="Name of the job: its topics, table and checkpoint (`streamlake job show NAME`)."),
+        "mode": Param("scheduled", type="string", enum=["scheduled", "continuous"], title="Mode",
+                      description="scheduled: one available-now run, then stop. continuous: a supervised "
+                                  "processing-time query that runs until stopped."),
+        "spark_conn_id": Param("spark_default", type="string", title="Spark connection",
+                               description="Airflow connection of the Spark master: spark_default (local[*]) or "
+                                           "spark_cluster (spark://127.0.0.1:7077)."),
+        "restart_strategy": Param("fixed-delay", type="string", enum=["fixed-delay", "failure-rate", "none"],
+                                  title="Restart strategy (continuous)",
+                                  description="fixed-delay: up to N restarts in a row; failure-rate: restart while "
+                                              "failures per interval stay under the maximum; none: never restart."),
+        "restart_attempts": Param(3, type="integer", minimum=0, title="fixed-delay: attempts",
+                                  description="Restarts in a row before giving up (fixed-delay)."),
+        "restart_delay_seconds": Param(10, type="number", minimum=0, title="Restart delay (s)",
+                                       description="Wait before each restart (fixed-delay and failure-rate)."),
+        "max_failures_per_interval": Param(3, type="integer", minimum=0, title="failure-rate: max failures",
+                                           description="Most failures allowed within the interval (failure-rate)."),
+        "failure_interval_seconds": Param(300, type="number", exclusiveMinimum=0,
+                                          title="failure-rate: interval (s)",
+                                          description="Window in which failures are counted (failure-rate)."),
+    },
+) as dag:
+
+    @task.branch(task_id="choose_mode")
+    def choose_mode(params: dict) -> str:
+        """Scheduled -> one available-now spark-submit; continuous -> the supervisor."""
+        return "ingest_available_now" if params["mode"] == "scheduled" else "supervise_continuous"
+
+    ingest = JobIngestOperator(
+        task_id="ingest_available_now",
+        job_name="{{ params.job }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
+        doc_md="The job's bronze ingest, available-now trigger, via the Spark provider's spark-submit.",
+    )
+
+    @task(task_id="supervise_continuous", retries=0)
+    def supervise(params: dict) -> dict:
+        """Run the processing-time job under the restart strategy; retries are the strategy's job."""
+        from streamlake.orchestration.tasks import supervise_continuous
+
+        return supervise_continuous(params["job"], params["spark_conn_id"], {
+            "kind": params["restart_strategy"],
+            "attempts": params["restart_attempts"],
+            "delay_s": params["restart_delay_seconds"],
+            "max_failures": params["max_failures_per_interval"],
+            "interval_s": params["failure_interval_seconds"],
+        })
+
+    @task(task_id="consistency_check", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
+    def check(params: dict) -> dict:
+        """Offset audit of the table against Kafka; fails on any missing/duplicate/extra record."""
+        from streamlake.orchestration.tasks import consistency_check
+
+        return consistency_check(params["job"], f"ingest-{params['mode']}")
+
+    choose_mode() >> [ingest, supervise()] >> check()

@@ -1,0 +1,184 @@
+"""Controlling a running ingest job from outside: stop, pause, resume, is it running.
+
+A job's control files live in its checkpoint, under ``streamlake/``:
+
+``job.lock``
+    held (``flock``) by the job's driver for as long as it runs, so "running"
+    is a fact the OS maintains, not a pid file that can go stale;
+``STOP``
+    finish the current micro-batch, stop the query, exit;
+``PAUSE`` / ``PAUSED``
+    finish the current micro-batch and stop the query but keep the driver; the
+    job writes ``PAUSED`` (its state at that boundary) and starts the query again
+    when ``PAUSE`` is removed. Savepoints use this to copy a checkpoint that
+    sits exactly on a micro-batch boundary;
+``state.json``
+    how the job was started (mode, pid, savepoint it was restored from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+
+class JobControl:
+    """Control files of the job whose checkpoint is ``checkpoint``."""
+
+    def __init__(self, checkpoint: str | os.PathLike):
+        self.dir = Path(checkpoint) / "streamlake"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.dir / "job.lock"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.dir / "STOP"
+
+    @property
+    def pause_file(self) -> Path:
+        return self.dir / "PAUSE"
+
+    @property
+    def paused_file(self) -> Path:
+        return self.dir / "PAUSED"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def _touch(self, path: Path) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+    # -- the job's side --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def running(self, timeout_s: float = 60.0):
+        """Hold the job lock while the body runs. Waits up to ``timeout_s`` for a
+        savepoint or restore that holds it; raises TimeoutError if it stays taken."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.lock_file, "a+")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fh.close()
+                    raise TimeoutError(
+                        f"another process holds {self.lock_file} (a running job, savepoint or restore)"
+                    ) from None
+                time.sleep(0.5)
+        try:
+            yield self
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def stop_requested(self) -> bool:
+        return self.stop_file.exists()
+
+    def pause_requested(self) -> bool:
+        return self.pause_file.exists()
+
+    def mark_paused(self, info: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.paused_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, self.paused_file)
+
+    def clear_paused(self) -> None:
+        self.paused_file.unlink(missing_ok=True)
+
+    def clear_requests(self) -> None:
+        for path in (self.stop_file, self.pause_file, self.paused_file):
+            path.unlink(missing_ok=True)
+
+    def write_state(self, **fields) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state = {**self.read_state(), **fields}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # -- the operator's side ---------------------------------------------------------------
+
+    def is_running(self) -> bool:
+        """True while a job driver holds the lock."""
+        if not self.lock_file.exists():
+            return False
+        with open(self.lock_file, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
+    def request_stop(self) -> None:
+        self._touch(self.stop_file)
+
+    def request_pause(self) -> None:
+        self._touch(self.pause_file)
+
+    def resume(self) -> None:
+        self.pause_file.unlink(missing_ok=True)
+
+    def wait_paused(self, timeout_s: float) -> dict:
+        """Wait until the job reports it is paused at a micro-batch boundary.
+
+        Raises TimeoutError, or RuntimeError if the job exits instead."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.paused_file.exists():
+                try:
+                    return json.loads(self.paused_file.read_text())
+                except ValueError:
+                    pass
+            if not self.is_running():
+                raise RuntimeError("the job exited instead of pausing")
+            time.sleep(0.2)
+        raise TimeoutError(f"the job did not reach a micro-batch boundary within {timeout_s:g}s")
+
+    def wait_stopped(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the job did not stop within {timeout_s:g}s")
+
+    @contextlib.contextmanager
+    def quiesced(self, timeout_s: float = 120.0, stop_after: bool = False):
+        """The job at a micro-batch boundary for the duration of the body.
+
+        A running job is paused (and resumed, or stopped if ``stop_after``);
+        an idle job is kept from starting by holding its lock. Yields what the
+        paused job reported, or None if it was not running.
+        """
+        if self.is_running():
+            self.request_pause()
+            try:
+                yield self.wait_paused(timeout_s)
+            finally:
+                if stop_after:
+                    self.request_stop()
+                self.resume()
+                if stop_after:
+                    self.wait_stopped(timeout_s)
+        else:
+            with self.running(timeout_s):
+                yield None

@@ -1,0 +1,148 @@
+"""Task functions of the DAGs: thin wrappers over the platform with Airflow-friendly
+inputs (params) and outputs (small JSON-able dicts for XCom)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+log = logging.getLogger(__name__)
+
+
+def _context(extra: dict | None = None) -> dict:
+    """dag_id / run_id / task_id of the running task, for the results tables."""
+    try:
+        from airflow.sdk import get_current_context
+
+        ctx = get_current_context()
+        info = {"dag_id": ctx["dag"].dag_id, "run_id": ctx["run_id"], "task_id": ctx["task"].task_id}
+    except Exception:  # noqa: BLE001 - outside a task (CLI, tests)
+        info = {}
+    return {**info, **(extra or {})}
+
+
+def consistency_check(job_name: str, operation: str, expected_offsets: dict | None = None,
+                      version: int | None = None, extra: dict | None = None) -> dict:
+    """Audit the job's table, record the result; fail the task with the summary on a violation."""
+    from streamlake.consistency import require_consistent
+    from streamlake.jobs import load_job
+    from streamlake.kafka.offsets import offsets_from_json
+
+    expected = offsets_from_json(expected_offsets) if expected_offsets is not None else None
+    result = require_consistent(load_job(job_name), operation, expected_offsets=expected, version=version,
+                                context=_context(extra))
+    log.info("%s", result.summary)
+    return result.to_dict()
+
+
+def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> dict:
+    """Keep the job running with a processing-time trigger; restart it by ``strategy``.
+
+    Returns when the job is stopped on request; raises GaveUp (failing the task
+    and the DAG run) with the strategy's reason when it stops restarting.
+    """
+    from streamlake.jobs import load_job
+    from streamlake.runner import run_supervised, submit_with_airflow_hook
+    from streamlake.supervisor import RestartStrategy
+
+    job = load_job(job_name)
+    result = run_supervised(job, RestartStrategy(**strategy), submit_with_airflow_hook(job, spark_conn_id))
+    for i, cause in enumerate(result.causes, 1):
+        log.info("restart %d cause: %s", i, cause)
+    return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
+
+
+def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
+    """Savepoint at a micro-batch boundary; the job resumes (or stops if ``stop``)."""
+    from streamlake.jobs import load_job
+    from streamlake.platform_tables import record_operation
+    from streamlake.savepoints import create_savepoint
+
+    manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
+    record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
+                                             "tables": [t.__dict__ for t in manifest.tables],
+                                             "offsets": manifest.kafka_offsets, **_context()})
+    log.info("savepoint %s: tables %s, offsets %s", manifest.id, manifest.tables, manifest.kafka_offsets)
+    return {"id": manifest.id, "job": manifest.job, "offsets": manifest.kafka_offsets,
+            "version": manifest.tables[0].version, "job_was_running": manifest.job_was_running,
+            "mode": job_mode(job_name)}
+
+
+def restore(savepoint_id: str) -> dict:
+    """Restore tables, offsets and checkpoint of a savepoint (the job is stopped first)."""
+    from streamlake.platform_tables import record_operation
+    from streamlake.savepoints import load_savepoint, restore_savepoint
+
+    mode = job_mode(load_savepoint(savepoint_id).job)
+    result = restore_savepoint(savepoint_id)
+    record_operation("restore", result["job"], {**result, **_context()})
+    return {**result, "mode": mode}
+
+
+def job_mode(job_name: str) -> str | None:
+    """How the job last ran: "continuous", "available-now", or None if never."""
+    from streamlake.control import JobControl
+    from streamlake.jobs import load_job
+
+    return JobControl(load_job(job_name).checkpoint).read_state().get("mode")
+
+
+def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int | None, executor_cores: int | None,
+                  min_partitions: int | None, max_offsets_per_trigger: int | None) -> dict:
+    """Write the new resources into the job spec; returns before/after settings."""
+    from dataclasses import replace
+
+    from streamlake.jobs import load_job, save_job
+
+    job = load_job(job_name)
+    before = job.to_dict()
+    changes = {"spark_conn_id": spark_conn_id, "total_executor_cores": total_executor_cores,
+               "executor_cores": executor_cores, "min_partitions": min_partitions,
+               "max_offsets_per_trigger": max_offsets_per_trigger}
+    job = save_job(replace(job, **{k: v for k, v in changes.items() if v not in (None, "", 0)}))
+    keys = list(changes)
+    return {"before": {k: before[k] for k in keys}, "after": {k: job.to_dict()[k] for k in keys}}
+
+
+def progress_mark(job_name: str) -> int:
+    """Number of progress lines the job has written so far (to measure what follows)."""
+    from streamlake.ingest import progress_file
+    from streamlake.jobs import load_job
+
+    path = progress_file(load_job(job_name).checkpoint)
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, last: int = 5) -> dict:
+    """Median processed rows/s over the last ``last`` non-empty micro-batches in a
+    window of the job's progress log."""
+    import json
+
+    from streamlake.ingest import progress_file
+    from streamlake.jobs import load_job
+
+    path = progress_file(load_job(job_name).checkpoint)
+    lines = path.read_text().splitlines()[start_line:end_line] if path.exists() else []
+    batches = [json.loads(line) for line in lines]
+    rates = [b["processedRowsPerSecond"] for b in batches if b.get("numInputRows")][-last:]
+    return {"batches": len(rates), "rows_per_second": round(statistics.median(rates), 1) if rates else None,
+            "rows": sum(b.get("numInputRows", 0) for b in batches)}
+
+
+def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict, after: dict) -> dict:
+    from streamlake.platform_tables import record_operation
+
+    details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before,
+               "throughput_after": after, **_context()}
+    record_operation("rescale", job_name, details)
+    log.info("rescale of %s: %s rows/s before, %s rows/s after (%s -> %s)", job_name,
+             before.get("rows_per_second"), after.get("rows_per_second"), settings["before"], settings["after"])
+    return details
+
+
+def savepoint_ids() -> list[str]:
+    """Existing savepoint ids, newest first: cheap, for DAG params at parse time."""
+    from streamlake import config
+
+    root = config.home() / "savepoints"
+    return sorted((p.parent.name for p in root.glob("sp-*/manifest.json")), reverse=True)

@@ -1,0 +1,147 @@
+"""Running a named job with spark-submit: settings, processes, supervised runs.
+
+One place for what every launcher needs (the CLI, Airflow's SparkSubmitOperator
+and the continuous-mode supervisor): the application, its arguments, the Spark
+properties for the job's resources and the environment the driver and Python
+workers need.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from streamlake import config
+from streamlake.control import JobControl
+from streamlake.ingest import config_to_args
+from streamlake.jobs import JobSpec
+from streamlake.spark import SPARK_DEFAULTS, job_environment, job_path, python_executable
+from streamlake.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
+
+log = logging.getLogger(__name__)
+
+INGEST_APPLICATION = "ingest_bronze.py"
+
+
+def application() -> str:
+    return job_path(INGEST_APPLICATION)
+
+
+def ingest_args(job: JobSpec, continuous: bool) -> list[str]:
+    return config_to_args(job.ingest_config(continuous))
+
+
+def spark_conf(job: JobSpec) -> dict[str, str]:
+    """Spark properties: platform defaults, the job's resources, this interpreter for
+    executors on any cluster."""
+    return {**SPARK_DEFAULTS, **job.spark_conf(), "spark.pyspark.python": python_executable(),
+            "spark.pyspark.driver.python": python_executable()}
+
+
+def spark_env() -> dict[str, str]:
+    """Environment variables the job needs on top of the launcher's own."""
+    env = job_environment()
+    keys = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PATH", config.ENV_BOOTSTRAP, config.ENV_HOME, "JAVA_HOME")
+    return {k: env[k] for k in keys if env.get(k)}
+
+
+def job_processes(job: JobSpec) -> list[psutil.Process]:
+    """Every process of a running instance of the job (spark-submit JVM, Python driver)."""
+    marker = str(Path(job.checkpoint))
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if any(INGEST_APPLICATION in part for part in cmd) and marker in cmd:
+            found.append(proc)
+    return found
+
+
+def kill_job(job: JobSpec, sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to every process of the job and its children (SIGKILL: like a lost node)."""
+    procs = job_processes(job)
+    family = {p.pid: p for p in procs}
+    for proc in procs:
+        try:
+            family.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass
+    for proc in family.values():
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    return len(family)
+
+
+def failure_cause(job: JobSpec, exit_code: int | None, since: float) -> str:
+    """A readable cause: the job's own error message if it wrote one, else the exit status."""
+    failure = JobControl(job.checkpoint).read_state().get("last_failure") or {}
+    if exit_code is not None and exit_code < 0:
+        return f"killed by {signal.Signals(-exit_code).name}"
+    if exit_code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
+        return f"killed by {signal.Signals(exit_code - 128).name}"
+    if failure.get("at", 0) >= since and failure.get("message"):
+        return f"exit code {exit_code}: {failure['message']}"
+    return f"exit code {exit_code}"
+
+
+def _reap(job: JobSpec) -> None:
+    """Kill what a failed run left behind (a driver whose JVM was killed) and wait for its lock."""
+    if kill_job(job):
+        time.sleep(1)
+    JobControl(job.checkpoint).wait_stopped(60)
+
+
+def submit_with_airflow_hook(job: JobSpec, conn_id: str) -> Callable[[], None]:
+    """One continuous run of the job through the Spark provider's SparkSubmitHook."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    def run() -> None:
+        hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id, application_args=ingest_args(job, True),
+                               env_vars=spark_env(), name=f"streamlake:{job.name}")
+        started = time.time()
+        try:
+            hook.submit(application())
+        except Exception as exc:  # noqa: BLE001 - AirflowException carries the exit code in its text
+            code = re.search(r"Error code is: (-?\d+)", str(exc))
+            cause = failure_cause(job, int(code.group(1)) if code else None, started)
+            _reap(job)
+            raise JobFailed(cause) from exc
+
+    return run
+
+
+def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
+    """One continuous run of the job with spark-submit as a child process (CLI)."""
+    from streamlake.spark import spark_submit_command
+
+    def run() -> None:
+        cmd = spark_submit_command(INGEST_APPLICATION, ingest_args(job, True), master=master,
+                                   conf=spark_conf(job), name=f"streamlake:{job.name}")
+        started = time.time()
+        code = subprocess.call(cmd, env=job_environment())
+        if code != 0:
+            cause = failure_cause(job, code, started)
+            _reap(job)
+            raise JobFailed(cause)
+
+    return run
+
+
+def run_supervised(job: JobSpec, strategy: RestartStrategy, run_once: Callable[[], None]) -> SupervisionResult:
+    """Keep the job running under ``strategy`` until it is stopped on request (returns)
+    or the strategy gives up (GaveUp)."""
+    control = JobControl(job.checkpoint)
+    control.stop_file.unlink(missing_ok=True)
+    log.info("supervising %s with restart strategy %s", job.name, strategy.describe())
+    try:
+        return supervise(run_once, strategy, stop_requested=control.stop_requested)
+    finally:
+        control.stop_file.unlink(missing_ok=True)
