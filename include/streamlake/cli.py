@@ -514,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         code = args.func(args)
+    except BrokenPipeError:  # output piped into `head` etc.
+        code = 0
     except StreamLakeError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 2

@@ -24,36 +24,44 @@ ENV_CRASH_AT = "STREAMLAKE_CRASH_AT"
 POINTS = ("read", "after_files", "after_commit")
 
 
-def _spark_submit_ancestor() -> int | None:
-    """Pid of the spark-submit JVM this process descends from, if any."""
+def _spark_submit_ancestor():
+    """The spark-submit JVM this process descends from (psutil.Process), if any."""
     import psutil
 
-    proc = psutil.Process()
-    for parent in proc.parents():
+    for parent in psutil.Process().parents():
         try:
             if any("SparkSubmit" in part for part in parent.cmdline()):
-                return parent.pid
+                return parent
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return None
 
 
 def kill_job() -> None:
-    """SIGKILL the spark-submit process group and this process's own group.
+    """SIGKILL the spark-submit JVM and every process below it, then this process.
 
-    Python workers live in the PySpark daemon's process group, the driver in
-    spark-submit's; killing both takes the whole job down at once.
+    The process tree, not process groups: whoever launched spark-submit (a
+    shell, the CLI, an Airflow task) may share its group and must survive, as
+    it would when a real job's machine dies.
     """
-    groups = {os.getpgrp()}
+    import psutil
+
     jvm = _spark_submit_ancestor()
+    victims = []
     if jvm is not None:
-        groups.add(os.getpgid(jvm))
-    for group in sorted(groups, key=lambda g: g == os.getpgrp()):  # own group last
+        victims = [jvm]
         try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
+            victims += jvm.children(recursive=True)
+        except psutil.NoSuchProcess:
             pass
-    os.kill(os.getpid(), signal.SIGKILL)
+    me = os.getpid()
+    for proc in victims:
+        if proc.pid != me:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+    os.kill(me, signal.SIGKILL)
 
 
 def crash_point(point: str, batch_id: int | None = None) -> None:

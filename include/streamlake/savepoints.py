@@ -185,7 +185,7 @@ def dispose_savepoint(savepoint_id: str) -> None:
     if running:
         raise SavepointError(
             f"savepoint {savepoint_id} cannot be disposed: running job(s) {', '.join(running)} were restored "
-            f"from it. Take a new savepoint of the job first, or stop it."
+            f"from it. Stop the job first (`streamlake job stop NAME`)."
         )
     shutil.rmtree(savepoints_dir() / savepoint_id)
 
