@@ -38,6 +38,7 @@ with DAG(
     schedule=None,
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
+    is_paused_upon_creation=False,  # manual only: unpaused so a UI trigger runs at once
     tags=["streamlake", "operations", "savepoint"],
     default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
     render_template_as_native_obj=True,
