@@ -1,0 +1,98 @@
+"""docker-compose.yaml cannot run here (no Docker engine): check it against the project instead.
+
+Every service it names exists and is wired (depends_on, volumes), images are
+pinned, ports are the ones the platform uses, and every environment variable
+is one the project or Airflow actually reads, with the Airflow settings of
+`make run` all present.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+
+
+def _env(service: dict) -> dict:
+    env = service.get("environment") or {}
+    return env if isinstance(env, dict) else dict(item.split("=", 1) for item in env)
+
+
+def test_services_images_and_builds(compose):
+    services = compose["services"]
+    expected = {"kafka", "postgres", "spark-master", "spark-worker", "airflow-init", "airflow-apiserver",
+                "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+    assert expected <= set(services)
+    for name, svc in services.items():
+        image = svc["image"]
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest"), f"{name}: unpinned {image}"
+        if "build" in svc:
+            assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()
+    kafka = _env(services["kafka"])
+    assert "controller" in kafka["KAFKA_PROCESS_ROLES"] and not any("ZOOKEEPER" in k for k in kafka), "KRaft mode"
+    commands = {" ".join(s.get("command", [])) for s in services.values()}
+    for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        assert f"airflow {component}" in commands
+
+
+def test_dependencies_volumes_and_ports(compose):
+    from streamlake import airflow_setup, spark_cluster
+
+    services = compose["services"]
+    declared = set(compose.get("volumes") or {})
+    for name, svc in services.items():
+        for dep in svc.get("depends_on") or []:
+            assert dep in services, f"{name} depends on unknown service {dep}"
+        for volume in svc.get("volumes") or []:
+            source = volume.split(":", 1)[0]
+            if source.startswith((".", "/")):
+                assert (ROOT / source).exists(), f"{name}: bind mount {source} missing"
+            else:
+                assert source in declared, f"{name}: volume {source} not declared"
+    ports = {p.split(":")[1] for s in services.values() for p in s.get("ports") or []}
+    assert {str(airflow_setup.DEFAULT_PORT), "9092", str(spark_cluster.DEFAULT_PORT),
+            str(spark_cluster.DEFAULT_UI_PORT)} <= ports
+    env = _env(services["airflow-scheduler"])
+    assert env["STREAMLAKE_KAFKA_BOOTSTRAP"].split(":")[0] in services
+    cluster = yaml.safe_load(env[f"AIRFLOW_CONN_{airflow_setup.SPARK_CLUSTER_CONN.upper()}"])
+    assert cluster["host"].split("//")[1] in services and cluster["port"] == spark_cluster.DEFAULT_PORT
+    assert "postgres:5432" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+def test_every_variable_is_one_the_project_or_airflow_reads(compose):
+    from airflow.configuration import conf
+
+    from streamlake import airflow_setup
+
+    known = {section: set(desc.get("options", {})) for section, desc in conf.configuration_description.items()}
+    sources = "\n".join(p.read_text() for d in ("include", "dags", "jobs", "plugins") for p in (ROOT / d).rglob("*.py"))
+    run_env = airflow_setup.airflow_env()
+    for name, svc in compose["services"].items():
+        if name in ("kafka", "postgres"):
+            continue  # the images' own settings
+        for var in _env(svc):
+            if var.startswith("AIRFLOW__"):
+                section, key = var[len("AIRFLOW__"):].lower().split("__", 1)
+                assert key in known.get(section, ()), f"{name}: {var} is not an Airflow setting"
+            elif var.startswith("AIRFLOW_CONN_"):
+                conn_id = var[len("AIRFLOW_CONN_"):].lower()
+                assert conn_id in (airflow_setup.SPARK_LOCAL_CONN, airflow_setup.SPARK_CLUSTER_CONN)
+            else:
+                assert var in sources or var in ("AIRFLOW_HOME",), f"{name}: {var} is read nowhere in the project"
+    for var in run_env:  # and `make run` itself sets only real Airflow options
+        if var.startswith("AIRFLOW__"):
+            section, key = var[len("AIRFLOW__"):].lower().split("__", 1)
+            assert key in known.get(section, ()), f"airflow_env(): {var} is not an Airflow setting"
+    # `make run` and compose configure Airflow with the same settings.
+    compose_env = _env(compose["services"]["airflow-scheduler"])
+    missing = [k for k in run_env if k.startswith(("AIRFLOW__", "AIRFLOW_CONN_")) and k not in compose_env]
+    assert not missing, f"settings of `make run` missing from compose: {missing}"
