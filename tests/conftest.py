@@ -21,6 +21,11 @@ os.environ["STREAMLAKE_HOME"] = str(_SESSION_HOME)
 os.environ.pop("STREAMLAKE_CRASH_AT", None)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Airflow reads its settings when first imported: give it the platform's (an
+# AIRFLOW_HOME inside this session's STREAMLAKE_HOME, this repo's dags/plugins).
+from streamlake.airflow_setup import airflow_env  # noqa: E402
+
+os.environ.update({k: v for k, v in airflow_env().items() if k.startswith("AIRFLOW")})
 
 
 def _free_port() -> int:
@@ -81,7 +86,13 @@ def lake(tmp_path):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
     from streamlake import procs
 
     for state in procs.running_services():
         procs.stop(state.name)
+    if exitstatus == 0:  # keep logs and tables of a failed run for inspection
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+    else:
+        print(f"\nstreamlake test state kept in {_SESSION_HOME}")

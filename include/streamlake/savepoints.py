@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from streamlake import __version__, config
+from streamlake.bronze import ensure_bronze_table
 from streamlake.checkpoint import QueryCheckpoint
 from streamlake.control import JobControl
 from streamlake.delta.table import open_table
@@ -120,13 +121,13 @@ def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180
 
     A running job is paused for the copy and then resumed (or stopped); an idle
     job is kept from starting meanwhile. Raises TimeoutError if the job does not
-    reach a boundary in time, FileNotFoundError if the job has no table yet.
+    reach a boundary in time.
     """
     control = JobControl(job.checkpoint)
     sp_id = f"sp-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     target = savepoints_dir() / sp_id
     with control.quiesced(timeout_s, stop_after=stop) as paused:
-        table = open_table(job.table)
+        table = ensure_bronze_table(job.table)  # a job that never ran: its empty state
         with KafkaMetadataClient(client_config({f"kafka.{k}": v for k, v in job.kafka.items()})) as kafka:
             tps = kafka.partitions(topics=job.topics)
         ckpt = QueryCheckpoint(job.checkpoint)

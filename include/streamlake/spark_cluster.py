@@ -47,7 +47,7 @@ def status(ui_port: int | None = None) -> dict:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=3) as resp:
             info = json.load(resp)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # not listening yet, or an empty page while starting
         return {"running": True, "master": state.info["url"], "error": str(exc)}
     workers = [w for w in info.get("workers", []) if w.get("state") == "ALIVE"]
     return {"running": True, "master": state.info["url"], "ui": f"http://127.0.0.1:{ui}",
