@@ -19,7 +19,7 @@ test-fast: setup
 	$(BIN)/pytest -m "not slow"
 
 run: setup
-	$(BIN)/streamlake demo
+	$(BIN)/streamlake platform
 
 stop:
 	@if [ -x $(BIN)/streamlake ]; then $(BIN)/streamlake stop; else echo "nothing to stop (no .venv)"; fi

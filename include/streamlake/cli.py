@@ -300,12 +300,24 @@ def cmd_platform(args) -> int:
         procs.start("producer", [exe, "produce", "--topic", args.topic, "--count", "0", "--partitions", "3",
                                  "--rate", str(args.rate), "--quiet"], env=env)
     print(f"Demo producer:     {args.rate:g} sensor readings/s into topic {args.topic!r}")
+    if not args.no_spark_cluster:
+        from streamlake import spark_cluster
+        from streamlake.jobs import DEMO_JOB, demo_job, jobs_dir, save_job
+
+        cluster = spark_cluster.start(workers=2, cores_per_worker=1)
+        print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers, UI {cluster['ui']})")
+        if not (jobs_dir() / f"{DEMO_JOB}.json").exists():  # the demo job starts on one core of it
+            from dataclasses import replace
+
+            save_job(replace(demo_job(), spark_conn_id="spark_cluster", master=cluster["master"],
+                             total_executor_cores=1, executor_cores=1))
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
     info = airflow_setup.start(args.port)
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
-    print("DAGs:              streaming_ingest (runs every few minutes), savepoint, restore, rescale")
+    print("DAGs:              streaming_ingest (every 5 minutes), savepoint, restore, rescale; "
+          "StreamLake menu: savepoints, consistency checks")
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0
@@ -501,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--rate", type=float, default=200.0)
     pl.add_argument("--port", type=int, default=8080)
     pl.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
+    pl.add_argument("--no-spark-cluster", action="store_true", help="run jobs on local[*] only")
     pl.set_defaults(func=cmd_platform)
 
     s = sub.add_parser("stop", help="stop every service the platform started")
