@@ -27,7 +27,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Param, task
 
 from streamlake.orchestration.operators import JobIngestOperator
-from streamlake.orchestration.tasks import savepoint_ids
+from streamlake.config import savepoint_ids
 
 SAVEPOINTS = savepoint_ids()
 

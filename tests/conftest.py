@@ -7,6 +7,7 @@ own STREAMLAKE_HOME and broker port, so a developer's running demo is untouched.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -21,6 +22,8 @@ os.environ["STREAMLAKE_HOME"] = str(_SESSION_HOME)
 os.environ.pop("STREAMLAKE_CRASH_AT", None)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# py4j logs from destructors at interpreter exit, after pytest closed its capture streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 # Airflow reads its settings when first imported: give it the platform's (an
 # AIRFLOW_HOME inside this session's STREAMLAKE_HOME, this repo's dags/plugins).
 from streamlake.airflow_setup import airflow_env  # noqa: E402

@@ -50,7 +50,7 @@ def test_restore_form_lists_existing_savepoints(tmp_path):
 
     from streamlake import config
 
-    root = config.home() / "savepoints"
+    root = config.savepoints_dir()
     for sp in ("sp-20260101-000000-aaaaaa", "sp-20260102-000000-bbbbbb"):
         (root / sp).mkdir(parents=True, exist_ok=True)
         (root / sp / "manifest.json").write_text(json.dumps({"id": sp}))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_exactly_once, ingest
+from helpers import ingest
 from streamlake.audit import audit_offsets
 from streamlake.delta.table import open_table, table_exists
 from streamlake.errors import DataLossError, InvalidOptionError, KafkaUnavailableError, UnknownTopicError
@@ -69,7 +69,6 @@ def test_offsets_kafka_no_longer_holds_fail_with_data_loss(spark, broker, produc
 def test_commit_race_is_lost_cleanly_and_replanned(spark, produce, topic_name, lake):
     """Another writer commits the same offsets between our plan and our commit."""
     from streamlake import bronze
-    from streamlake.checkpoint import QueryCheckpoint
     from streamlake.delta import sink as sink_module
     from streamlake.delta.txn import offset_transactions
     from streamlake.kafka.offsets import TopicPartition as TP

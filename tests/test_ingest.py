@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from confluent_kafka import Consumer, TopicPartition as KTP
 
 from helpers import assert_exactly_once, delta_log_entries, ingest, progress

@@ -286,20 +286,26 @@ def cmd_airflow(args) -> int:
     return 0
 
 
-def cmd_platform(args) -> int:
-    """`make run`: broker, demo producer, Airflow standalone with the DAGs."""
-    from streamlake import airflow_setup
+def _start_broker_and_producer(topic: str, rate: float, kafka_port: int) -> None:
+    """The embedded broker and a background demo producer (both idempotent)."""
     from streamlake.kafka import broker
     from streamlake.spark import job_environment
 
-    state = broker.start(args.kafka_port)
+    state = broker.start(kafka_port)
     print(f"Kafka (embedded):  {state['bootstrap']}")
-    env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
-    exe = str(Path(sys.executable).parent / "streamlake")
     if procs.status("producer") is None:
-        procs.start("producer", [exe, "produce", "--topic", args.topic, "--count", "0", "--partitions", "3",
-                                 "--rate", str(args.rate), "--quiet"], env=env)
-    print(f"Demo producer:     {args.rate:g} sensor readings/s into topic {args.topic!r}")
+        env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
+        procs.start("producer", [str(Path(sys.executable).parent / "streamlake"), "produce", "--topic", topic,
+                                 "--count", "0", "--partitions", "3", "--rate", str(rate), "--quiet"], env=env)
+    print(f"Demo producer:     {rate:g} sensor readings/s into topic {topic!r} "
+          f"(log: {config.log_dir() / 'producer.log'})")
+
+
+def cmd_platform(args) -> int:
+    """`make run`: broker, demo producer, Spark cluster, Airflow standalone with the DAGs."""
+    from streamlake import airflow_setup
+
+    _start_broker_and_producer(args.topic, args.rate, args.kafka_port)
     if not args.no_spark_cluster:
         from streamlake import spark_cluster
         from streamlake.jobs import DEMO_JOB, demo_job, jobs_dir, save_job
@@ -325,28 +331,19 @@ def cmd_platform(args) -> int:
 
 # -- demo / stop ------------------------------------------------------------------------------
 
-def demo_paths() -> dict[str, str]:
-    data = config.home() / "data"
-    return {"table": str(data / "bronze" / "sensors"), "checkpoint": str(data / "checkpoints" / "bronze_sensors")}
-
-
 def cmd_demo(args) -> int:
-    from streamlake.ingest import IngestConfig, format_progress, progress_file, request_stop
-    from streamlake.kafka import broker
+    """The demo job running continuously without Airflow, with its progress on the terminal."""
+    from dataclasses import replace
+
+    from streamlake.ingest import format_progress, progress_file, request_stop
+    from streamlake.jobs import DEMO_JOB, load_job
     from streamlake.spark import job_environment
 
-    state = broker.start(args.port)
-    print(f"Kafka (embedded) at {state['bootstrap']}")
+    _start_broker_and_producer(args.topic, args.rate, args.port)
+    job = load_job(DEMO_JOB)
+    cfg = replace(job.ingest_config(continuous=True), topics=(args.topic,),
+                  processing_time_s=args.trigger_seconds, max_offsets_per_trigger=args.max_offsets)
     env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
-    exe = str(Path(sys.executable).parent / "streamlake")
-    if procs.status("producer") is None:
-        procs.start("producer", [exe, "produce", "--topic", args.topic, "--count", "0", "--partitions", "3",
-                                 "--rate", str(args.rate), "--quiet"], env=env)
-    print(f"producer: {args.rate:g} sensor readings/s into topic {args.topic!r} "
-          f"(log: {config.log_dir() / 'producer.log'})")
-    paths = demo_paths()
-    cfg = IngestConfig(table=paths["table"], checkpoint=paths["checkpoint"], topics=(args.topic,),
-                       processing_time_s=args.trigger_seconds, max_offsets_per_trigger=args.max_offsets)
     if procs.status("ingest") is None:
         progress_file(cfg.checkpoint).unlink(missing_ok=True)
         procs.start("ingest", ingest_command(cfg, args.master), env=env,

@@ -45,6 +45,19 @@ def log_dir() -> Path:
     return path
 
 
+def savepoints_dir() -> Path:
+    """Where savepoints are kept (one directory per savepoint id)."""
+    path = home() / "savepoints"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def savepoint_ids() -> list[str]:
+    """Ids of existing savepoints, newest first. Cheap (directory names only):
+    the restore DAG lists them in its form at parse time."""
+    return sorted((p.parent.name for p in savepoints_dir().glob("sp-*/manifest.json")), reverse=True)
+
+
 def embedded_bootstrap() -> str:
     """Address of the embedded broker: the one last started (its service state
     file, see streamlake.procs), else the default port."""

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from streamlake import __version__, config
+from streamlake.config import savepoints_dir
 from streamlake.bronze import ensure_bronze_table
 from streamlake.checkpoint import QueryCheckpoint
 from streamlake.control import JobControl
@@ -47,12 +48,6 @@ _NOT_STATE = {"job.lock", "STOP", "PAUSE", "PAUSED", "state.json", "progress.jso
 
 class SavepointError(StreamLakeError):
     """A savepoint operation cannot be done (the message says why)."""
-
-
-def savepoints_dir() -> Path:
-    path = config.home() / "savepoints"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def code_version() -> str:
@@ -163,11 +158,6 @@ def list_savepoints(job: str | None = None) -> list[SavepointManifest]:
         if job is None or manifest.job == job:
             found.append(manifest)
     return sorted(found, key=lambda m: m.id, reverse=True)
-
-
-def savepoint_ids() -> list[str]:
-    """Ids of existing savepoints, newest first (cheap: directory names only)."""
-    return sorted((p.parent.name for p in savepoints_dir().glob("sp-*/manifest.json")), reverse=True)
 
 
 def jobs_restored_from(savepoint_id: str, running_only: bool = True) -> list[str]:

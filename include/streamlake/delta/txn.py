@@ -39,24 +39,23 @@ def query_app_id(query_id: str) -> str:
     return f"streamlake:query:{query_id}"
 
 
-def committed_offsets(table: DeltaTable, tps: Iterable[TopicPartition]) -> Offsets:
-    """Next offset to ingest for each partition the table has seen (others omitted)."""
+def _versions(table: DeltaTable, tps: Iterable[TopicPartition], app_id) -> Offsets:
     out: Offsets = {}
     for tp in tps:
-        version = table.transaction_version(next_offset_app_id(tp))
+        version = table.transaction_version(app_id(tp))
         if version is not None:
             out[tp] = version
     return out
+
+
+def committed_offsets(table: DeltaTable, tps: Iterable[TopicPartition]) -> Offsets:
+    """Next offset to ingest for each partition the table has seen (others omitted)."""
+    return _versions(table, tps, next_offset_app_id)
 
 
 def first_offsets(table: DeltaTable, tps: Iterable[TopicPartition]) -> Offsets:
     """Offset where ingestion of each partition started (partitions the table has seen)."""
-    out: Offsets = {}
-    for tp in tps:
-        version = table.transaction_version(first_offset_app_id(tp))
-        if version is not None:
-            out[tp] = version
-    return out
+    return _versions(table, tps, first_offset_app_id)
 
 
 def last_batch_id(table: DeltaTable, query_id: str) -> int | None:

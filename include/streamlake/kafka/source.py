@@ -165,7 +165,7 @@ class KafkaSourceOptions:
             fail_on_data_loss=_bool(opts, "failondataloss", True),
             poll_timeout_ms=poll if poll is not None else 120_000,
         )
-        parsed.starting  # validate startingOffsets / startingTimestamp now, not at query start
+        parse_starting_offsets(parsed.starting_offsets, parsed.starting_timestamp)  # validate now
         return parsed
 
 

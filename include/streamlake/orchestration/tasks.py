@@ -138,11 +138,3 @@ def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict,
     log.info("rescale of %s: %s rows/s before, %s rows/s after (%s -> %s)", job_name,
              before.get("rows_per_second"), after.get("rows_per_second"), settings["before"], settings["after"])
     return details
-
-
-def savepoint_ids() -> list[str]:
-    """Existing savepoint ids, newest first: cheap, for DAG params at parse time."""
-    from streamlake import config
-
-    root = config.home() / "savepoints"
-    return sorted((p.parent.name for p in root.glob("sp-*/manifest.json")), reverse=True)
