@@ -59,8 +59,10 @@ def test_restore_form_lists_existing_savepoints(tmp_path):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         param = module.dag.params.get_param("savepoint_id")
-        assert param.schema["enum"][:2] == ["sp-20260102-000000-bbbbbb", "sp-20260101-000000-aaaaaa"]
-        assert param.value == "sp-20260102-000000-bbbbbb"
+        offered = param.schema["enum"]
+        assert offered == config.savepoint_ids(), "every savepoint on disk, newest first"
+        assert offered.index("sp-20260102-000000-bbbbbb") < offered.index("sp-20260101-000000-aaaaaa")
+        assert param.value == offered[0], "the newest is preselected"
     finally:
         for sp in ("sp-20260101-000000-aaaaaa", "sp-20260102-000000-bbbbbb"):
             (root / sp / "manifest.json").unlink()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition as KTP
 
 from helpers import assert_exactly_once, delta_log_entries, ingest, progress
@@ -139,3 +140,22 @@ def test_explicit_starting_offsets_define_the_audited_range(spark, produce, topi
     report = assert_exactly_once(lake, topic_name)
     firsts = {p.partition: p.first_offset for p in report.partitions}
     assert firsts[0] == 100 and firsts[1] == 0 and firsts[2] == report.partitions[2].next_offset
+
+
+def test_starting_timestamp_starts_at_the_first_record_at_or_after_it(spark, produce, topic_name, lake, tmp_path):
+    from streamlake.errors import InvalidOptionError
+
+    produce(topic_name, 300, partitions=2, seed=8)
+    time.sleep(1.2)
+    middle = int(time.time() * 1000)
+    time.sleep(0.3)
+    produce(topic_name, 200, partitions=2, seed=9)
+    summary = ingest(spark, lake, topic_name, starting_timestamp=middle)
+    assert summary["rows"] == 200
+    report = assert_exactly_once(lake, topic_name, expected_rows=200)
+    assert sum(p.first_offset for p in report.partitions) == 300
+
+    future = int(time.time() * 1000) + 3_600_000  # after every record: no start offset exists
+    with pytest.raises(InvalidOptionError, match="no record at or after startingTimestamp"):
+        ingest(spark, {"table": str(tmp_path / "t2"), "checkpoint": str(tmp_path / "c2")}, topic_name,
+               starting_timestamp=future)

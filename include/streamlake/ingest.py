@@ -46,6 +46,7 @@ class IngestConfig:
     topics: tuple[str, ...] = ()
     pattern: str | None = None
     starting_offsets: str = "earliest"
+    starting_timestamp: int | None = None  # epoch ms; replaces starting_offsets when set
     processing_time_s: float | None = None  # None: available-now (drain, then stop)
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
@@ -63,7 +64,10 @@ class IngestConfig:
             opts["subscribePattern"] = self.pattern
         else:
             opts["subscribe"] = ",".join(self.topics)
-        opts["startingOffsets"] = self.starting_offsets
+        if self.starting_timestamp is not None:
+            opts["startingTimestamp"] = str(self.starting_timestamp)
+        else:
+            opts["startingOffsets"] = self.starting_offsets
         opts["failOnDataLoss"] = str(self.fail_on_data_loss).lower()
         if self.max_offsets_per_trigger:
             opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
@@ -99,7 +103,7 @@ def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint) -> O
         rest = [tp for tp in tps if tp not in from_table]
         initial: Offsets = {}
         if rest:
-            if cfg.starting_offsets.strip().startswith("{"):
+            if cfg.starting_timestamp is None and cfg.starting_offsets.strip().startswith("{"):
                 initial.update(planner.resolve_starting(tps))  # JSON must name every partition
             else:
                 initial.update(planner.resolve_starting(rest))
@@ -132,6 +136,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     initial = resolve_initial_offsets(cfg, checkpoint)
     bronze.ensure_bronze_table(cfg.table)
     if initial is not None:
+        options.pop("startingTimestamp", None)
         options["startingOffsets"] = json.dumps(offsets_to_json(initial))
     sink = DeltaKafkaSink(
         cfg.table, bronze.BRONZE, checkpoint,
@@ -295,6 +300,9 @@ def add_ingest_arguments(parser) -> None:
     parser.add_argument("--min-partitions", type=int, help="split offset ranges into at least N Spark tasks")
     parser.add_argument("--starting-offsets", default="earliest",
                         help="where a new query starts when the table has no offsets: earliest | latest | JSON")
+    parser.add_argument("--starting-timestamp", type=int, metavar="EPOCH_MS",
+                        help="where a new query starts: the first record at or after this time (instead of "
+                             "--starting-offsets)")
     parser.add_argument("--fail-on-data-loss", default="true", choices=["true", "false"],
                         help="fail when offsets to read are gone from Kafka (default true)")
     parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
@@ -320,6 +328,7 @@ def config_from_args(args) -> IngestConfig:
         topics=tuple(t.strip() for t in (args.topic or "").split(",") if t.strip()),
         pattern=args.topic_pattern,
         starting_offsets=args.starting_offsets,
+        starting_timestamp=args.starting_timestamp,
         processing_time_s=args.processing_time,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         min_partitions=args.min_partitions,
@@ -335,6 +344,8 @@ def config_to_args(cfg: IngestConfig) -> list[str]:
             "--starting-offsets", cfg.starting_offsets,
             "--fail-on-data-loss", str(cfg.fail_on_data_loss).lower(), "--query-name", cfg.query_name]
     args += ["--topic-pattern", cfg.pattern] if cfg.pattern else ["--topic", ",".join(cfg.topics)]
+    if cfg.starting_timestamp is not None:
+        args += ["--starting-timestamp", str(cfg.starting_timestamp)]
     args += ["--available-now"] if cfg.available_now else ["--processing-time", str(cfg.processing_time_s)]
     if cfg.max_offsets_per_trigger:
         args += ["--max-offsets-per-trigger", str(cfg.max_offsets_per_trigger)]

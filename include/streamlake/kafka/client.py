@@ -186,8 +186,36 @@ class KafkaMetadataClient:
         return self._list_offsets(tps, -2)
 
     def for_timestamp(self, tps: Iterable[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
-        """First offset whose record timestamp is >= ``timestamp_ms``; None when there is none."""
-        return {tp: (off if off >= 0 else None) for tp, off in self._list_offsets(tps, timestamp_ms).items()}
+        """First offset whose record timestamp is >= ``timestamp_ms``; None when there is none.
+
+        The broker's answer is checked against the record it points at (Kafka's
+        contract: that record's timestamp is >= ``timestamp_ms``). The embedded
+        broker answers 0 instead of "none" for a timestamp after every record;
+        the check turns that into None.
+        """
+        found = {tp: (off if off >= 0 else None) for tp, off in self._list_offsets(tps, timestamp_ms).items()}
+        for tp, off in found.items():
+            if off is not None and not self._record_at_or_after(tp, off, timestamp_ms):
+                log.warning("broker answered offset %d of %s for timestamp %d, but that record is older; "
+                            "treating it as 'no such record'", off, tp, timestamp_ms)
+                found[tp] = None
+        return found
+
+    def _record_at_or_after(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> bool:
+        """True if the record at ``offset`` exists and is not older than ``timestamp_ms``."""
+        consumer = self.consumer
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=1, timeout=0.2):
+                    if msg.error() is None:
+                        return msg.timestamp()[1] >= timestamp_ms
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return False
+            raise KafkaUnavailableError(f"no answer reading {tp} at offset {offset} within {self.timeout_s:g}s")
+        finally:
+            consumer.unassign()
 
     def latest(self, tps: Iterable[TopicPartition], probe_timeout_s: float = 5.0) -> Offsets:
         """End offset per partition: one past the last readable record.

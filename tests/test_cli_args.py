@@ -1,0 +1,33 @@
+"""The CLI and Airflow hand an IngestConfig to the Spark job as flags: nothing may get lost."""
+
+import argparse
+
+import pytest
+
+from streamlake.errors import InvalidOptionError
+from streamlake.ingest import IngestConfig, add_ingest_arguments, config_from_args, config_to_args
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_ingest_arguments(parser)
+    return config_from_args(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("cfg", [
+    IngestConfig(table="/t", checkpoint="/c", topics=("a", "b")),
+    IngestConfig(table="/t", checkpoint="/c", pattern="sensors-.*", processing_time_s=2.5,
+                 max_offsets_per_trigger=1000, min_partitions=8, fail_on_data_loss=False,
+                 kafka={"security.protocol": "SSL", "client.id": "x=y"}, query_name="q"),
+    IngestConfig(table="/t", checkpoint="/c", topics=("a",), starting_timestamp=1700000000000),
+    IngestConfig(table="/t", checkpoint="/c", topics=("a",), starting_offsets='{"a": {"0": 5}}'),
+])
+def test_config_survives_the_round_trip_through_flags(cfg):
+    assert _parse(config_to_args(cfg)) == cfg
+
+
+def test_flag_errors_are_clear():
+    with pytest.raises(InvalidOptionError, match="exactly one of --topic or --topic-pattern"):
+        _parse(["--table", "/t", "--checkpoint", "/c"])
+    with pytest.raises(InvalidOptionError, match="KEY=VALUE"):
+        _parse(["--table", "/t", "--checkpoint", "/c", "--topic", "a", "--kafka-option", "novalue"])
