@@ -24,24 +24,18 @@ connection `spark_cluster`), e.g. from one worker's cores to two.
 
 from __future__ import annotations
 
-import datetime as dt
-
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
 from streamlake.jobs import DEMO_JOB
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
 from streamlake.orchestration.operators import JobIngestOperator
 
 with DAG(
     dag_id="rescale",
     description="Savepoint, stop, restart a job with new parallelism, record throughput, check consistency",
     doc_md=__doc__,
-    schedule=None,
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-    catchup=False,
-    is_paused_upon_creation=False,  # manual only: unpaused so a UI trigger runs at once
     tags=["streamlake", "operations", "rescale"],
-    default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
     params={
         "job": Param(DEMO_JOB, type="string", title="Job", description="Name of the job to rescale."),
@@ -111,18 +105,6 @@ with DAG(
 
         return consistency_check(params["job"], "rescale")
 
-    @task.short_circuit(task_id="was_continuous", ignore_downstream_trigger_rules=False)
-    def was_continuous(savepoint: dict) -> bool:
-        """Only a job that ran continuously is started continuously again."""
-        return savepoint["mode"] == "continuous" and savepoint["job_was_running"]
-
-    continue_continuous = TriggerDagRunOperator(
-        task_id="continue_continuous",
-        trigger_dag_id="streaming_ingest",
-        conf={"mode": "continuous", "job": "{{ params.job }}", "spark_conn_id": "{{ params.spark_conn_id }}"},
-        wait_for_completion=False,
-    )
-
     measured = before()
     sp = savepoint_and_stop()
     measured >> sp
@@ -132,4 +114,5 @@ with DAG(
     restart >> measured_after
     recorded = record(settings=settings, savepoint=sp, before=measured, after=measured_after)
     checked = check()
-    recorded >> checked >> was_continuous(sp) >> continue_continuous
+    recorded >> checked >> continue_if_continuous(sp, job="{{ params.job }}",
+                                                  spark_conn_id="{{ params.spark_conn_id }}")

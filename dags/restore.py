@@ -21,13 +21,11 @@ when the DAG is re-parsed. Shell: `streamlake savepoint restore ID`.
 
 from __future__ import annotations
 
-import datetime as dt
-
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
-from streamlake.orchestration.operators import JobIngestOperator
 from streamlake.config import savepoint_ids
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
+from streamlake.orchestration.operators import JobIngestOperator
 
 SAVEPOINTS = savepoint_ids()
 
@@ -35,12 +33,8 @@ with DAG(
     dag_id="restore",
     description="Restore a job's tables, offsets and checkpoint from a savepoint, resume, and prove consistency",
     doc_md=__doc__,
-    schedule=None,
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-    catchup=False,
-    is_paused_upon_creation=False,  # manual only: unpaused so a UI trigger runs at once
     tags=["streamlake", "operations", "savepoint"],
-    default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
     params={
         "savepoint_id": Param(SAVEPOINTS[0] if SAVEPOINTS else "", type="string", title="Savepoint",
@@ -80,21 +74,9 @@ with DAG(
 
         return consistency_check(restored["job"], "restore-resumed", extra={"savepoint": restored["savepoint"]})
 
-    @task.short_circuit(task_id="was_continuous", ignore_downstream_trigger_rules=False)
-    def was_continuous(restored: dict) -> bool:
-        """Only a job that ran continuously before the restore is started continuously again."""
-        return restored["mode"] == "continuous" and restored["job_was_running"]
-
-    continue_continuous = TriggerDagRunOperator(
-        task_id="continue_continuous",
-        trigger_dag_id="streaming_ingest",
-        conf={"mode": "continuous", "job": "{{ ti.xcom_pull(task_ids='restore')['job'] }}",
-              "spark_conn_id": "{{ params.spark_conn_id }}"},
-        wait_for_completion=False,
-    )
-
     restored = restore()
     checked = check_restored(restored)
     checked >> resume
     resumed_check = check_resumed(restored)
-    resume >> resumed_check >> was_continuous(restored) >> continue_continuous
+    resume >> resumed_check >> continue_if_continuous(
+        restored, job="{{ ti.xcom_pull(task_ids='restore')['job'] }}", spark_conn_id="{{ params.spark_conn_id }}")

@@ -22,22 +22,17 @@ same from the shell: `streamlake savepoint create --job NAME [--stop]`.
 
 from __future__ import annotations
 
-import datetime as dt
-
 from airflow.sdk import DAG, Param, task
 
 from streamlake.jobs import DEMO_JOB
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG
 
 with DAG(
     dag_id="savepoint",
     description="Savepoint of a job (Delta versions, Kafka offsets, checkpoint copy), then a consistency check",
     doc_md=__doc__,
-    schedule=None,
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-    catchup=False,
-    is_paused_upon_creation=False,  # manual only: unpaused so a UI trigger runs at once
     tags=["streamlake", "operations", "savepoint"],
-    default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    **MANUAL_OPERATION_DAG,
     params={
         "job": Param(DEMO_JOB, type="string", title="Job", description="Name of the job to savepoint."),
         "stop": Param(False, type="boolean", title="Stop after savepoint",

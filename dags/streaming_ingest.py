@@ -34,6 +34,7 @@ import os
 from airflow.sdk import DAG, Param, TriggerRule, task
 
 from streamlake.jobs import DEMO_JOB
+from streamlake.orchestration.dag_parts import START_DATE
 from streamlake.orchestration.operators import JobIngestOperator
 
 EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
@@ -43,7 +44,7 @@ with DAG(
     description="Kafka -> bronze Delta exactly once: scheduled available-now runs or a supervised continuous job",
     doc_md=__doc__,
     schedule=dt.timedelta(minutes=EVERY_MINUTES),
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=False,

@@ -127,8 +127,6 @@ class IngestRun:
 
 def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     """Start the bronze ingest query. Raises the source's option/Kafka errors up front."""
-    from pyspark.sql.streaming import DataStreamWriter  # noqa: F401 - fail early without pyspark
-
     register(spark)
     checkpoint = QueryCheckpoint(cfg.checkpoint)
     options = cfg.source_options()
