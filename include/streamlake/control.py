@@ -97,9 +97,15 @@ class JobControl:
     def clear_paused(self) -> None:
         self.paused_file.unlink(missing_ok=True)
 
-    def clear_requests(self) -> None:
+    def clear_requests(self, older_than: float | None = None) -> None:
+        """Remove STOP, PAUSE and PAUSED; with ``older_than`` (epoch seconds) only the
+        files written before it, so a request made while the job starts survives."""
         for path in (self.stop_file, self.pause_file, self.paused_file):
-            path.unlink(missing_ok=True)
+            try:
+                if older_than is None or path.stat().st_mtime < older_than:
+                    path.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
 
     def write_state(self, **fields) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -137,10 +143,11 @@ class JobControl:
     def resume(self) -> None:
         self.pause_file.unlink(missing_ok=True)
 
-    def wait_paused(self, timeout_s: float) -> dict:
+    def wait_paused(self, timeout_s: float) -> dict | None:
         """Wait until the job reports it is paused at a micro-batch boundary.
 
-        Raises TimeoutError, or RuntimeError if the job exits instead."""
+        Returns what the paused job reported, or None if the job exited instead
+        (an available-now run that finished, or a stop). Raises TimeoutError."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.paused_file.exists():
@@ -149,7 +156,7 @@ class JobControl:
                 except ValueError:
                     pass
             if not self.is_running():
-                raise RuntimeError("the job exited instead of pausing")
+                return None
             time.sleep(0.2)
         raise TimeoutError(f"the job did not reach a micro-batch boundary within {timeout_s:g}s")
 
@@ -166,19 +173,30 @@ class JobControl:
         """The job at a micro-batch boundary for the duration of the body.
 
         A running job is paused (and resumed, or stopped if ``stop_after``);
-        an idle job is kept from starting by holding its lock. Yields what the
-        paused job reported, or None if it was not running.
+        an idle job is kept from starting by holding its lock. A job that ends
+        while the pause is awaited (an available-now run finishing) ended at a
+        boundary too: it is then treated as idle. Yields what the paused job
+        reported, or None if it was not running by then. Raises TimeoutError if
+        a running job reaches no boundary within ``timeout_s``.
         """
+        paused = None
         if self.is_running():
             self.request_pause()
             try:
-                yield self.wait_paused(timeout_s)
-            finally:
-                if stop_after:
-                    self.request_stop()
+                paused = self.wait_paused(timeout_s)
+            except BaseException:
                 self.resume()
-                if stop_after:
-                    self.wait_stopped(timeout_s)
-        else:
+                raise
+        if paused is None:
+            self.resume()  # the job ended instead of pausing, or never ran
             with self.running(timeout_s):
                 yield None
+            return
+        try:
+            yield paused
+        finally:
+            if stop_after:
+                self.request_stop()
+            self.resume()
+            if stop_after:
+                self.wait_stopped(timeout_s)

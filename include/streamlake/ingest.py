@@ -200,8 +200,9 @@ def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, 
     progress_path = progress_file(cfg.checkpoint)
     started = time.monotonic()
     totals = {"batches": 0, "rows": 0}
+    launched = time.time()
     with control.running():
-        control.clear_requests()
+        control.clear_requests(older_than=launched)  # leftovers of earlier runs, not requests made now
         control.write_state(mode=mode or ("available-now" if cfg.available_now else "continuous"),
                             pid=os.getpid(), started_at=time.time(), query_name=cfg.query_name)
         stopped = False

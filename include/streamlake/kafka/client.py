@@ -8,10 +8,14 @@ default to :func:`streamlake.config.bootstrap_servers`.
 End offsets are found by a fetch, not by ListOffsets alone: the embedded broker
 (Tansu 0.6) answers ListOffsets(latest) with the newest *batch's* base offset
 + 1, which is wrong whenever producers batch. A consumer positioned at the listed
-offset receives the partition-EOF event at the true end (the high watermark,
-or the last stable offset under ``read_committed``), which is right on every
-broker. On real Kafka the listed offset already is the end, so the probe costs
-one empty fetch per partition.
+offset learns the true end from the fetch answers: the partition-EOF event (the
+high watermark, or the last stable offset under ``read_committed``), or, on a
+topic that is being written so that no fetch ever comes back empty, having read
+up to the high watermark a fetch answer carried. On real Kafka the listed offset
+already is the end, so the probe costs one fetch per partition.
+
+How long fetches wait at the broker adapts to the broker (see
+:mod:`streamlake.kafka.fetch_wait`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamlake import config
 from streamlake.errors import InvalidOptionError, KafkaUnavailableError, UnknownTopicError
+from streamlake.kafka import fetch_wait
 from streamlake.kafka.offsets import Offsets, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,8 @@ API_TIMEOUT_PROPERTY = "default.api.timeout.ms"
 DEFAULT_API_TIMEOUT_MS = 60_000
 # Properties the platform owns: setting them would break offset management.
 _RESERVED = {"group.id", "enable.auto.commit", "auto.offset.reset", "enable.partition.eof"}
+# Fetch waits an end probe allows for the EOF event after the first fetch answer.
+SETTLE_WAITS = 2
 
 
 def client_config(options: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -76,9 +83,13 @@ def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in conf.items() if k != API_TIMEOUT_PROPERTY}
 
 
-def new_consumer(conf: Mapping[str, str], purpose: str) -> Consumer:
+def new_consumer(conf: Mapping[str, str], purpose: str, wait_ms: int) -> Consumer:
     """A consumer for assign()-based reads: no group management, no offset commits,
-    partition EOF events on, out-of-range offsets reported as errors (never reset)."""
+    partition EOF events on, out-of-range offsets reported as errors (never reset).
+
+    ``fetch.wait.max.ms`` is ``wait_ms``: the user's setting or this process's
+    current step (:func:`streamlake.kafka.fetch_wait.current_ms`).
+    """
     settings = librdkafka_config(conf)
     settings.update({
         "group.id": f"streamlake-{purpose}-{uuid.uuid4().hex[:12]}",
@@ -89,10 +100,7 @@ def new_consumer(conf: Mapping[str, str], purpose: str) -> Consumer:
         "allow.auto.create.topics": "false",
     })
     settings.setdefault("isolation.level", "read_committed")
-    # Reads are bounded ranges ending at (or near) the end of the log, where a fetch
-    # is held for fetch.wait.max.ms before EOF is known: the default 500 ms would be
-    # paid by every range read and every end-offset probe.
-    settings.setdefault("fetch.wait.max.ms", "10")
+    settings[fetch_wait.PROPERTY] = str(wait_ms)
     settings.setdefault("client.id", f"streamlake-{purpose}")
     return Consumer(settings, logger=logging.getLogger(f"streamlake.librdkafka.{purpose}"))
 
@@ -109,11 +117,16 @@ class KafkaMetadataClient:
         self.timeout_s = api_timeout_s(conf)
         self.bootstrap = conf.get("bootstrap.servers", "?")
         self._consumer: Consumer | None = None
+        self._consumer_wait_ms = 0
 
     @property
     def consumer(self) -> Consumer:
+        wait_ms = fetch_wait.current_ms(self.conf, "probe")
+        if self._consumer is not None and self._consumer_wait_ms != wait_ms:
+            self.close()
         if self._consumer is None:
-            self._consumer = new_consumer(self.conf, "metadata")
+            self._consumer = new_consumer(self.conf, "metadata", wait_ms)
+            self._consumer_wait_ms = wait_ms
         return self._consumer
 
     def close(self) -> None:
@@ -217,41 +230,74 @@ class KafkaMetadataClient:
         finally:
             consumer.unassign()
 
-    def latest(self, tps: Iterable[TopicPartition], probe_timeout_s: float = 5.0) -> Offsets:
+    def latest(self, tps: Iterable[TopicPartition]) -> Offsets:
         """End offset per partition: one past the last readable record.
 
-        Starts from ListOffsets(latest) and confirms it with a fetch (see the module
-        docstring). If a partition receives records but no EOF before the probe
-        timeout (a producer keeps writing), the end is the offset after the newest
-        record seen, which is a real position no later than the true end.
+        Starts from ListOffsets(latest) and confirms it by fetching from there (see
+        the module docstring). A partition's end is the offset of its EOF event
+        (under ``read_committed``: the last stable offset); on a partition being
+        written, where a fetch at the end returns new records instead of EOF, it is
+        the high watermark of the newest fetch answer once :data:`SETTLE_WAITS`
+        fetch waits passed without EOF. Either is a real position no later than
+        the true end, and the call never chases a producer. Raises
+        KafkaUnavailableError if a partition's end is not known within the API
+        timeout.
         """
         tps = list(tps)
-        listed = self._list_offsets(tps, -1)
         if not tps:
             return {}
+        listed = self._list_offsets(tps, -1)
         consumer = self.consumer
-        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, listed[tp]) for tp in tps])
-        ends: Offsets = {}
+        ktps = {tp: KafkaTopicPartition(tp.topic, tp.partition) for tp in tps}
+        stale_high = {tp: consumer.get_watermark_offsets(ktps[tp], cached=True)[1] for tp in tps}
         seen: Offsets = dict(listed)
-        deadline = time.monotonic() + probe_timeout_s
+        answered: dict[TopicPartition, float] = {}  # when a fetch answer for the partition was first seen
+        ends: Offsets = {}
+        deadline = time.monotonic() + self.timeout_s
+        stall = fetch_wait.StallDetector(self._consumer_wait_ms, min_records=1)
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, listed[tp]) for tp in tps])
         try:
-            while len(ends) < len(tps) and time.monotonic() < deadline:
-                # Short waits: consume() blocks until num_messages arrived or the timeout.
-                for msg in consumer.consume(num_messages=1000, timeout=0.02):
+            while len(ends) < len(tps):
+                now = time.monotonic()
+                if now > deadline:
+                    missing = ", ".join(str(tp) for tp in tps if tp not in ends)
+                    raise KafkaUnavailableError(f"the end of {missing} was not known within {self.timeout_s:g}s "
+                                                f"(kafka.{API_TIMEOUT_PROPERTY} sets the timeout)")
+                for msg in consumer.consume(num_messages=10_000, timeout=0.01):
                     tp = TopicPartition(msg.topic(), msg.partition())
+                    if tp in ends or tp not in seen:
+                        continue
                     err = msg.error()
                     if err is None:
                         seen[tp] = max(seen[tp], msg.offset() + 1)
+                        answered.setdefault(tp, now)
                     elif err.code() == KafkaError._PARTITION_EOF:
-                        ends.setdefault(tp, max(msg.offset(), seen[tp]))
+                        ends[tp] = max(msg.offset(), seen[tp])
                     elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        ends.setdefault(tp, listed[tp])
+                        ends[tp] = listed[tp]
                     elif not err.retriable() and err.fatal():
                         raise KafkaUnavailableError(f"probing the end of {tp} failed: {err}")
+                settle = SETTLE_WAITS * self._consumer_wait_ms / 1000 + 0.02
+                for tp in tps:
+                    if tp in ends:
+                        continue
+                    high = consumer.get_watermark_offsets(ktps[tp], cached=True)[1]
+                    if high != stale_high[tp]:
+                        answered.setdefault(tp, now)
+                    if tp in answered:
+                        stall.records(1)
+                        if now - answered[tp] >= settle:  # answered, no EOF: the partition is being written
+                            ends[tp] = max(listed[tp], seen[tp], high)
+                if len(ends) < len(tps) and stall.stalled():  # no answer at all: fetches need longer
+                    wait_ms = fetch_wait.raise_step(self.conf, self._consumer_wait_ms, "probe")
+                    if wait_ms is not None:
+                        consumer.unassign()
+                        consumer = self.consumer  # a new consumer with the longer wait
+                        stall = fetch_wait.StallDetector(self._consumer_wait_ms, min_records=1)
+                        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, seen[tp])
+                                         for tp in tps if tp not in ends])
         finally:
             consumer.unassign()
-        for tp in tps:
-            if tp not in ends:
-                log.warning("no EOF from %s within %.1fs; using %d", tp, probe_timeout_s, seen[tp])
-                ends[tp] = seen[tp]
+            if self._consumer_wait_ms > fetch_wait.STEPS_MS[0]:
+                self.close()  # its last fetch waits at the end of the log: the next call would wait for it
         return ends

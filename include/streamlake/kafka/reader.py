@@ -2,7 +2,13 @@
 
 Runs inside Spark's Python workers. Consumers are cached per worker process and
 client configuration (Spark reuses Python workers across tasks), so a task pays
-for an ``assign()``, not for a new connection.
+for an ``assign()``, not for a new connection; except after a read that ended
+at the end of the log, where the consumer's prefetch is held by the broker for
+the fetch wait and would delay the next task: that consumer is closed.
+
+A read that stalls (records are there but hardly arrive, as on the embedded
+broker with partitions of many small batches) moves the fetch wait up a step
+and continues from where it was (:mod:`streamlake.kafka.fetch_wait`).
 
 Guarantees: every record Kafka returns with ``start <= offset < end`` is
 emitted once, in offset order, and nothing outside the range. Offsets Kafka skips
@@ -22,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamlake.errors import DataLossError, KafkaUnavailableError
+from streamlake.kafka import fetch_wait
 from streamlake.kafka.client import new_consumer
 from streamlake.kafka.offsets import OffsetRange
 
@@ -46,22 +53,28 @@ KAFKA_ARROW_SCHEMA = pa.schema([
 # librdkafka timestamp type -> Kafka's TimestampType id, which Spark exposes.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
-_consumers: dict[tuple, Consumer] = {}
+_consumers: dict[tuple, tuple[Consumer, int]] = {}
 
 
-def _cached_consumer(conf: Mapping[str, str]) -> Consumer:
+def _cached_consumer(conf: Mapping[str, str]) -> tuple[Consumer, int]:
+    """This process's consumer for ``conf`` and its fetch wait (ms); a new one when
+    the wait for the cluster has moved up since it was made."""
     key = tuple(sorted(conf.items()))
-    consumer = _consumers.get(key)
-    if consumer is None:
-        consumer = _consumers[key] = new_consumer(conf, "reader")
-    return consumer
+    wait_ms = fetch_wait.current_ms(conf)
+    cached = _consumers.get(key)
+    if cached is not None and cached[1] != wait_ms:
+        _evict(conf)
+        cached = None
+    if cached is None:
+        cached = _consumers[key] = (new_consumer(conf, "reader", wait_ms), wait_ms)
+    return cached
 
 
 def _evict(conf: Mapping[str, str]) -> None:
-    consumer = _consumers.pop(tuple(sorted(conf.items())), None)
-    if consumer is not None:
+    cached = _consumers.pop(tuple(sorted(conf.items())), None)
+    if cached is not None:
         try:
-            consumer.close()
+            cached[0].close()
         except Exception:  # noqa: BLE001 - closing a broken consumer must not mask the real error
             pass
 
@@ -116,14 +129,16 @@ def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: in
 
     Raises DataLossError when offsets of the range are no longer held by Kafka
     and ``fail_on_data_loss`` (otherwise the lost prefix is skipped with a
-    warning), and KafkaUnavailableError when no progress is made for
+    warning), and KafkaUnavailableError when no record arrives for
     ``poll_timeout_ms`` or the broker reports an error.
     """
     from streamlake.faults import crash_point
 
     tp = f"{rng.topic}-{rng.partition}"
-    consumer = _cached_consumer(conf)
+    ktp = KafkaTopicPartition(rng.topic, rng.partition)
+    consumer, wait_ms = _cached_consumer(conf)
     consumer.assign([KafkaTopicPartition(rng.topic, rng.partition, rng.start)])
+    stall = fetch_wait.StallDetector(wait_ms)
     builder = _BatchBuilder(rng.topic, rng.partition)
     position = rng.start
     last_progress = time.monotonic()
@@ -138,6 +153,7 @@ def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: in
                     f"no progress reading {tp} offsets [{rng.start}, {rng.end}) at offset {position} "
                     f"for {poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs)"
                 )
+            received = 0
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -146,7 +162,8 @@ def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: in
                         if msg.offset() >= rng.end:  # only markers/compacted offsets were left
                             position = rng.end
                             break
-                        continue  # end not readable yet (e.g. open transaction); keep polling
+                        stall.end_reported()  # end not readable yet (e.g. open transaction); keep polling
+                        continue
                     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         position = _handle_out_of_range(consumer, rng, position, fail_on_data_loss, err)
                         break
@@ -159,19 +176,40 @@ def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: in
                     break
                 builder.append(msg)
                 position = offset + 1
-                last_progress = time.monotonic()
+                received += 1
                 if len(builder) >= batch_rows:
                     crash_point("read")
                     yield builder.flush()
+            if received:
+                last_progress = time.monotonic()
+                stall.records(received)
+            if position < rng.end and stall.stalled():
+                longer = fetch_wait.raise_step(conf, wait_ms)
+                if longer is not None:
+                    consumer.unassign()
+                    consumer, wait_ms = _cached_consumer(conf)
+                    consumer.assign([KafkaTopicPartition(rng.topic, rng.partition, position)])
+                    stall = fetch_wait.StallDetector(wait_ms)
+                    last_progress = time.monotonic()
         if len(builder):
             crash_point("read")
             yield builder.flush()
         ok = True
     finally:
-        if ok:
+        if ok and not _at_end_of_log(consumer, ktp, position):
             consumer.unassign()
         else:
             _evict(conf)
+
+
+def _at_end_of_log(consumer: Consumer, ktp: KafkaTopicPartition, position: int) -> bool:
+    """True when the last fetch answer put ``position`` at the end of the partition:
+    the consumer then has a fetch waiting at the broker (see the module docstring)."""
+    try:
+        high = consumer.get_watermark_offsets(ktp, cached=True)[1]
+    except Exception:  # noqa: BLE001 - unknown: assume the worst, a new consumer is cheap
+        return True
+    return high < 0 or position >= high
 
 
 def _handle_out_of_range(consumer: Consumer, rng: OffsetRange, position: int,
