@@ -67,7 +67,7 @@ def ceiling(topic: str, partitions: int, out_dir: Path) -> dict:
 
 
 def ingest(topic: str, table: Path, checkpoint: Path, master: str, max_offsets: int, min_partitions: int | None) -> dict:
-    from streamlake.ingest import progress_file
+    from streamlake.pipeline.ingest import progress_file
 
     cmd = [str(Path(sys.executable).parent / "streamlake"), "ingest", "--topic", topic, "--table", str(table),
            "--checkpoint", str(checkpoint), "--available-now", "--master", master,
@@ -201,7 +201,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     os.environ["STREAMLAKE_HOME"] = str(WORK / "home")
     os.environ.pop("STREAMLAKE_KAFKA_BOOTSTRAP", None)
-    from streamlake.kafka import broker
+    from streamlake.platform import broker
     from streamlake.kafka.producer import produce_sensor_readings
 
     state = broker.start(free_port())
@@ -220,7 +220,7 @@ def main() -> int:
         ing = ingest("bench", WORK / "bronze", WORK / "checkpoint", args.master, args.max_offsets_per_trigger,
                      args.min_partitions)
         print("4/4 audit of the ingested table", file=sys.stderr)
-        from streamlake.audit import audit_offsets
+        from streamlake.operations.audit import audit_offsets
 
         started = time.perf_counter()
         report = audit_offsets(str(WORK / "bronze"), ["bench"])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.jobs import DEMO_JOB
+from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
 from streamlake.orchestration.operators import JobIngestOperator
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.jobs import DEMO_JOB
+from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG
 
 with DAG(

@@ -33,7 +33,7 @@ import os
 
 from airflow.sdk import DAG, Param, TriggerRule, task
 
-from streamlake.jobs import DEMO_JOB
+from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import START_DATE
 from streamlake.orchestration.operators import JobIngestOperator
 

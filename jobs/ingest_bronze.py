@@ -15,10 +15,10 @@ import logging
 import sys
 import time
 
-from streamlake.control import JobControl
+from streamlake.operations.control import JobControl
 from streamlake.errors import StreamLakeError
-from streamlake.ingest import add_ingest_arguments, config_from_args, describe_failure, run_ingest
-from streamlake.spark import get_spark
+from streamlake.pipeline.ingest import add_ingest_arguments, config_from_args, describe_failure, run_ingest
+from streamlake.spark.session import get_spark
 
 
 def main(argv: list[str] | None = None) -> int:

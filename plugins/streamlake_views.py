@@ -59,14 +59,14 @@ def _offsets(offsets: dict) -> str:
 
 @app.get("/api/savepoints")
 def api_savepoints(job: str | None = None) -> list[dict]:
-    from streamlake.savepoints import list_savepoints
+    from streamlake.operations.savepoints import list_savepoints
 
     return [m.to_dict() for m in list_savepoints(job)]
 
 
 @app.get("/savepoints", response_class=HTMLResponse)
 def savepoints(job: str | None = Query(None)) -> HTMLResponse:
-    from streamlake.savepoints import jobs_restored_from, list_savepoints
+    from streamlake.operations.savepoints import jobs_restored_from, list_savepoints
 
     rows = []
     for m in list_savepoints(job):
@@ -85,14 +85,14 @@ def savepoints(job: str | None = Query(None)) -> HTMLResponse:
 
 @app.get("/api/checks")
 def api_checks(job: str | None = None, limit: int = 100) -> list[dict]:
-    from streamlake.consistency import recent_checks
+    from streamlake.operations.consistency import recent_checks
 
     return json.loads(json.dumps(recent_checks(limit, job), default=str))
 
 
 @app.get("/checks", response_class=HTMLResponse)
 def checks(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
-    from streamlake.consistency import recent_checks
+    from streamlake.operations.consistency import recent_checks
 
     rows = []
     for r in recent_checks(limit, job):
@@ -110,7 +110,7 @@ def checks(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> H
 
 @app.get("/operations", response_class=HTMLResponse)
 def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
-    from streamlake.platform_tables import recent_operations
+    from streamlake.operations.records import recent_operations
 
     rows = []
     for r in recent_operations(limit, job):

@@ -26,7 +26,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Airflow reads its settings when first imported: give it the platform's (an
 # AIRFLOW_HOME inside this session's STREAMLAKE_HOME, this repo's dags/plugins).
-from streamlake.airflow_setup import airflow_env  # noqa: E402
+from streamlake.platform.airflow import airflow_env  # noqa: E402
 
 os.environ.update({k: v for k, v in airflow_env().items() if k.startswith("AIRFLOW")})
 
@@ -40,7 +40,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def broker():
     """The embedded broker on a free port; STREAMLAKE_KAFKA_BOOTSTRAP points at it."""
-    from streamlake.kafka import broker as embedded
+    from streamlake.platform import broker as embedded
 
     state = embedded.start(_free_port())
     os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"] = state["bootstrap"]
@@ -52,7 +52,7 @@ def broker():
 def spark(broker):
     """One local SparkSession for the whole test session, Kafka source registered."""
     from streamlake.kafka.source import register
-    from streamlake.spark import get_spark
+    from streamlake.spark.session import get_spark
 
     session = get_spark("streamlake-tests", master="local[2]", conf={
         "spark.ui.enabled": "false",
@@ -91,7 +91,7 @@ def lake(tmp_path):
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 
-    from streamlake import procs
+    from streamlake.platform import procs
 
     for state in procs.running_services():
         procs.stop(state.name)

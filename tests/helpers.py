@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamlake.audit import audit_offsets
-from streamlake.ingest import IngestConfig, progress_file, run_ingest
+from streamlake.operations.audit import audit_offsets
+from streamlake.pipeline.ingest import IngestConfig, progress_file, run_ingest
 
 
 def ingest(spark, lake, topic, **kwargs) -> dict:

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from helpers import delta_log_entries, ingest
-from streamlake.audit import audit_offsets
-from streamlake.control import JobControl
+from streamlake.operations.audit import audit_offsets
+from streamlake.operations.control import JobControl
 from streamlake.delta.table import open_table
 from streamlake.delta.txn import committed_offsets
-from streamlake.jobs import JobSpec, load_job, save_job
+from streamlake.operations.jobs import JobSpec, load_job, save_job
 from streamlake.kafka.offsets import TopicPartition
 
 pytestmark = pytest.mark.slow
@@ -34,14 +34,14 @@ STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
 
 @pytest.fixture(scope="module")
 def airflow(broker):
-    from streamlake.airflow_setup import run_airflow
+    from streamlake.platform.airflow import run_airflow
 
     run_airflow("db", "migrate", timeout=300)
     return broker
 
 
 def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool = False, timeout: float = 900):
-    from streamlake.airflow_setup import airflow_env, airflow_executable
+    from streamlake.platform.airflow import airflow_env, airflow_executable
 
     cmd = [airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)]
     full_env = {**airflow_env(), **(env or {})}
@@ -83,8 +83,8 @@ def assert_clean(job: JobSpec, rows: int | None = None):
 
 
 def test_ingest_savepoint_more_data_restore_ingest(airflow, produce, topic_name, tmp_path):
-    from streamlake.consistency import recent_checks
-    from streamlake.savepoints import list_savepoints
+    from streamlake.operations.consistency import recent_checks
+    from streamlake.operations.savepoints import list_savepoints
 
     job = define_job(tmp_path, f"flow_{topic_name}", topic_name, max_offsets_per_trigger=400)
     produce(topic_name, 1500, seed=1)
@@ -120,8 +120,8 @@ def test_ingest_savepoint_more_data_restore_ingest(airflow, produce, topic_name,
 
 def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(airflow, produce, topic_name, tmp_path):
     from streamlake.errors import StreamLakeError
-    from streamlake.runner import kill_job, job_processes
-    from streamlake.savepoints import create_savepoint, dispose_savepoint, restore_savepoint
+    from streamlake.operations.runner import kill_job, job_processes
+    from streamlake.operations.savepoints import create_savepoint, dispose_savepoint, restore_savepoint
 
     job = define_job(tmp_path, f"cont_{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 600, seed=4)
@@ -182,9 +182,9 @@ def _free_port() -> int:
 
 
 def test_rescale_a_running_job_on_a_standalone_cluster_from_one_core_to_two(airflow, topic_name, tmp_path):
-    from streamlake import spark_cluster
+    from streamlake.platform import spark_cluster
     from streamlake.kafka.producer import produce_sensor_readings
-    from streamlake.platform_tables import recent_operations
+    from streamlake.operations.records import recent_operations
 
     port, ui = _free_port(), _free_port()
     spark_cluster.start(workers=2, cores_per_worker=1, memory="1g", port=port, ui_port=ui)

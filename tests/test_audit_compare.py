@@ -1,6 +1,6 @@
 """Unit tests of the audit's comparison (the integration tests run it against Kafka)."""
 
-from streamlake.audit import PartitionAudit, _compare, record_digest
+from streamlake.operations.audit import PartitionAudit, _compare, record_digest
 
 
 def _audit(kafka, table):

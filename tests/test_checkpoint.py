@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from streamlake.checkpoint import CheckpointFormatError, QueryCheckpoint
+from streamlake.spark.checkpoint import CheckpointFormatError, QueryCheckpoint
 from streamlake.kafka.offsets import TopicPartition as TP
 
 

@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from streamlake.errors import InvalidOptionError
-from streamlake.ingest import IngestConfig, add_ingest_arguments, config_from_args, config_to_args
+from streamlake.pipeline.ingest import IngestConfig, add_ingest_arguments, config_from_args, config_to_args
 
 
 def _parse(argv):

@@ -45,7 +45,7 @@ def test_services_images_and_builds(compose):
 
 
 def test_dependencies_volumes_and_ports(compose):
-    from streamlake import airflow_setup, spark_cluster
+    from streamlake.platform import airflow as airflow_setup, spark_cluster
 
     services = compose["services"]
     declared = set(compose.get("volumes") or {})
@@ -71,7 +71,7 @@ def test_dependencies_volumes_and_ports(compose):
 def test_every_variable_is_one_the_project_or_airflow_reads(compose):
     from airflow.configuration import conf
 
-    from streamlake import airflow_setup
+    from streamlake.platform import airflow as airflow_setup
 
     known = {section: set(desc.get("options", {})) for section, desc in conf.configuration_description.items()}
     sources = "\n".join(p.read_text() for d in ("include", "dags", "jobs", "plugins") for p in (ROOT / d).rglob("*.py"))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from helpers import ingest
-from streamlake.audit import audit_offsets
+from streamlake.operations.audit import audit_offsets
 from streamlake.delta.table import open_table, table_exists
 from streamlake.errors import DataLossError, InvalidOptionError, KafkaUnavailableError, UnknownTopicError
-from streamlake.ingest import describe_failure
+from streamlake.pipeline.ingest import describe_failure
 from streamlake.kafka.source import FORMAT
 
 
@@ -68,7 +68,7 @@ def test_offsets_kafka_no_longer_holds_fail_with_data_loss(spark, broker, produc
 
 def test_commit_race_is_lost_cleanly_and_replanned(spark, produce, topic_name, lake):
     """Another writer commits the same offsets between our plan and our commit."""
-    from streamlake import bronze
+    from streamlake.pipeline import bronze
     from streamlake.delta import sink as sink_module
     from streamlake.delta.txn import offset_transactions
     from streamlake.kafka.offsets import TopicPartition as TP
@@ -126,7 +126,7 @@ def test_audit_catches_duplicates_and_cli_exits_nonzero(spark, produce, topic_na
     root = Path(lake["table"])
     copy = path.replace(".parquet", "-copy.parquet")
     (root / copy).write_bytes((root / path).read_bytes())
-    from streamlake.bronze import BRONZE
+    from streamlake.pipeline.bronze import BRONZE
     table.create_write_transaction(
         [AddAction(copy, (root / copy).stat().st_size, {"ingest_date": str(part)}, 0, True, "")],
         "append", BRONZE.schema, partition_by=["ingest_date"])

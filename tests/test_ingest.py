@@ -8,8 +8,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition as KTP
 
 from helpers import assert_exactly_once, delta_log_entries, ingest, progress
-from streamlake.bronze import read_bronze
-from streamlake.checkpoint import QueryCheckpoint
+from streamlake.pipeline.bronze import read_bronze
+from streamlake.spark.checkpoint import QueryCheckpoint
 from streamlake.delta.table import open_table
 from streamlake.delta.txn import committed_offsets, first_offsets, last_batch_id
 from streamlake.kafka.client import KafkaMetadataClient, client_config
@@ -91,7 +91,7 @@ def test_transaction_markers_are_skipped_and_audit_stays_exact(spark, broker, to
 
 
 def test_processing_time_trigger_honours_the_read_limit(spark, produce, topic_name, lake):
-    from streamlake.ingest import IngestConfig, start_ingest
+    from streamlake.pipeline.ingest import IngestConfig, start_ingest
 
     produce(topic_name, 2400, partitions=3, seed=5)
     run = start_ingest(spark, IngestConfig(table=lake["table"], checkpoint=lake["checkpoint"], topics=(topic_name,),

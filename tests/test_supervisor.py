@@ -3,7 +3,7 @@
 import pytest
 
 from streamlake.errors import InvalidOptionError
-from streamlake.supervisor import GaveUp, JobFailed, RestartStrategy, supervise
+from streamlake.operations.supervisor import GaveUp, JobFailed, RestartStrategy, supervise
 
 
 class FakeTime:

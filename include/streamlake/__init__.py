@@ -1,13 +1,24 @@
-"""StreamLake: exactly-once Kafka -> Delta ingestion on Spark, operated from Airflow.
+"""StreamLake: exactly-once Kafka -> Delta on Spark, an event-time pipeline on top,
+operated from Airflow with a proof after every operation.
 
-Modules, one home per idea:
+Subpackages, one home per idea:
 
 - ``streamlake.kafka``: the Kafka side (client settings, offsets, the Spark
-  streaming source, the embedded broker, the demo producer).
-- ``streamlake.delta``: the Delta side (bronze table, the two-phase-commit sink,
-  committed offsets stored as Delta ``txn`` actions).
-- ``streamlake.audit``: proof that a table holds every Kafka record exactly once.
-- ``streamlake.ingest``: the bronze ingest job wiring source -> sink.
+  streaming source, range reads, the demo producer).
+- ``streamlake.delta``: the Delta side (tables on delta-rs, the two-phase-commit
+  sink, committed offsets and consumed versions as ``txn`` actions).
+- ``streamlake.spark``: the Spark side (session settings, spark-submit command
+  lines, reading a query checkpoint).
+- ``streamlake.pipeline``: the stages (bronze ingest, and what builds on it).
+- ``streamlake.operations``: named jobs and what is done to them (control,
+  savepoints, supervisor, runner, consistency checks, the audit).
+- ``streamlake.platform``: the local services (embedded broker, Spark
+  standalone cluster, Airflow standalone, process management).
+- ``streamlake.orchestration``: the Airflow-facing operator and task functions.
+- ``streamlake.cli``: the ``streamlake`` command, one module per command group.
+
+Top-level modules: ``config`` (settings), ``errors`` (exceptions meant for the
+user), ``faults`` (crash injection for the exactly-once tests).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

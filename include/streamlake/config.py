@@ -60,7 +60,7 @@ def savepoint_ids() -> list[str]:
 
 def embedded_bootstrap() -> str:
     """Address of the embedded broker: the one last started (its service state
-    file, see streamlake.procs), else the default port."""
+    file, see streamlake.platform.procs), else the default port."""
     try:
         return json.loads((run_dir() / "kafka.json").read_text())["info"]["bootstrap"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -20,7 +20,7 @@ One micro-batch becomes at most one Delta commit:
 
 Crash anywhere and restart: Spark replays the batch from its offset log, step 1
 sees what the table already holds, and every record lands exactly once. If the
-checkpoint is lost, :mod:`streamlake.ingest` restarts from the table's offsets.
+checkpoint is lost, :mod:`streamlake.pipeline.ingest` restarts from the table's offsets.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Callable, Mapping
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
-from streamlake.checkpoint import QueryCheckpoint
+from streamlake.spark.checkpoint import QueryCheckpoint
 from streamlake.delta.files import DataFile, add_actions, write_attempt_files
 from streamlake.delta.table import TableSpec, ensure_table, open_table
 from streamlake.delta.txn import committed_offsets, offset_transactions
@@ -141,7 +141,7 @@ class DeltaKafkaSink:
     ``prepare(df, batch_id, batch_time_ms)`` turns the batch (Spark's Kafka
     schema) into table rows; ``partition_values(batch_time_ms)`` gives the
     partition all rows of a batch go to. The sink needs the query's checkpoint
-    path to read the offset log (see :mod:`streamlake.checkpoint`).
+    path to read the offset log (see :mod:`streamlake.spark.checkpoint`).
     """
 
     def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,

@@ -12,7 +12,7 @@ class JobIngestOperator(SparkSubmitOperator):
 
     Everything spark-submit needs (application, arguments, Spark properties for
     the job's resources, environment) comes from the job spec
-    (:mod:`streamlake.jobs`) when the task runs, so a rescale or an edited spec
+    (:mod:`streamlake.operations.jobs`) when the task runs, so a rescale or an edited spec
     takes effect at the next run. ``job_name`` and ``spark_conn_id`` are
     templated: DAG params choose the job and the master (``spark_default`` is
     ``local[*]``, ``spark_cluster`` the standalone cluster). Fails when
@@ -29,8 +29,8 @@ class JobIngestOperator(SparkSubmitOperator):
         self.spark_conn_id = spark_conn_id
 
     def execute(self, context) -> None:
-        from streamlake.jobs import load_job
-        from streamlake.runner import application, ingest_args, spark_conf, spark_env
+        from streamlake.operations.jobs import load_job
+        from streamlake.operations.runner import application, ingest_args, spark_conf, spark_env
 
         job = load_job(self.job_name)
         self.application = application()

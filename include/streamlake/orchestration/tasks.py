@@ -24,8 +24,8 @@ def _context(extra: dict | None = None) -> dict:
 def consistency_check(job_name: str, operation: str, expected_offsets: dict | None = None,
                       version: int | None = None, extra: dict | None = None) -> dict:
     """Audit the job's table, record the result; fail the task with the summary on a violation."""
-    from streamlake.consistency import require_consistent
-    from streamlake.jobs import load_job
+    from streamlake.operations.consistency import require_consistent
+    from streamlake.operations.jobs import load_job
     from streamlake.kafka.offsets import offsets_from_json
 
     expected = offsets_from_json(expected_offsets) if expected_offsets is not None else None
@@ -41,9 +41,9 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> d
     Returns when the job is stopped on request; raises GaveUp (failing the task
     and the DAG run) with the strategy's reason when it stops restarting.
     """
-    from streamlake.jobs import load_job
-    from streamlake.runner import run_supervised, submit_with_airflow_hook
-    from streamlake.supervisor import RestartStrategy
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
+    from streamlake.operations.supervisor import RestartStrategy
 
     job = load_job(job_name)
     result = run_supervised(job, RestartStrategy(**strategy), submit_with_airflow_hook(job, spark_conn_id))
@@ -54,9 +54,9 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> d
 
 def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
     """Savepoint at a micro-batch boundary; the job resumes (or stops if ``stop``)."""
-    from streamlake.jobs import load_job
-    from streamlake.platform_tables import record_operation
-    from streamlake.savepoints import create_savepoint
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.records import record_operation
+    from streamlake.operations.savepoints import create_savepoint
 
     manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
@@ -70,8 +70,8 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
 
 def restore(savepoint_id: str) -> dict:
     """Restore tables, offsets and checkpoint of a savepoint (the job is stopped first)."""
-    from streamlake.platform_tables import record_operation
-    from streamlake.savepoints import load_savepoint, restore_savepoint
+    from streamlake.operations.records import record_operation
+    from streamlake.operations.savepoints import load_savepoint, restore_savepoint
 
     mode = job_mode(load_savepoint(savepoint_id).job)
     result = restore_savepoint(savepoint_id)
@@ -81,8 +81,8 @@ def restore(savepoint_id: str) -> dict:
 
 def job_mode(job_name: str) -> str | None:
     """How the job last ran: "continuous", "available-now", or None if never."""
-    from streamlake.control import JobControl
-    from streamlake.jobs import load_job
+    from streamlake.operations.control import JobControl
+    from streamlake.operations.jobs import load_job
 
     return JobControl(load_job(job_name).checkpoint).read_state().get("mode")
 
@@ -92,7 +92,7 @@ def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int |
     """Write the new resources into the job spec; returns before/after settings."""
     from dataclasses import replace
 
-    from streamlake.jobs import load_job, save_job
+    from streamlake.operations.jobs import load_job, save_job
 
     job = load_job(job_name)
     before = job.to_dict()
@@ -106,8 +106,8 @@ def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int |
 
 def progress_mark(job_name: str) -> int:
     """Number of progress lines the job has written so far (to measure what follows)."""
-    from streamlake.ingest import progress_file
-    from streamlake.jobs import load_job
+    from streamlake.pipeline.ingest import progress_file
+    from streamlake.operations.jobs import load_job
 
     path = progress_file(load_job(job_name).checkpoint)
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -118,8 +118,8 @@ def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, 
     window of the job's progress log."""
     import json
 
-    from streamlake.ingest import progress_file
-    from streamlake.jobs import load_job
+    from streamlake.pipeline.ingest import progress_file
+    from streamlake.operations.jobs import load_job
 
     path = progress_file(load_job(job_name).checkpoint)
     lines = path.read_text().splitlines()[start_line:end_line] if path.exists() else []
@@ -130,7 +130,7 @@ def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, 
 
 
 def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict, after: dict) -> dict:
-    from streamlake.platform_tables import record_operation
+    from streamlake.operations.records import record_operation
 
     details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before,
                "throughput_after": after, **_context()}

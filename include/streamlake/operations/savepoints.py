@@ -4,7 +4,7 @@ Flink's savepoints, for Spark + Delta. A savepoint holds a manifest
 (:class:`SavepointManifest`: each table's Delta version, the Kafka offsets per
 partition as recorded in the table, the job's config and the code version) and
 a copy of the query checkpoint. It is taken with the job paused at a batch
-boundary (:meth:`streamlake.control.JobControl.quiesced`), so the checkpoint copy
+boundary (:meth:`streamlake.operations.control.JobControl.quiesced`), so the checkpoint copy
 and the table versions describe the same instant.
 
 Restoring rolls every table back to its version *as a new commit* (history is
@@ -32,13 +32,13 @@ from pathlib import Path
 
 from streamlake import __version__, config
 from streamlake.config import savepoints_dir
-from streamlake.bronze import ensure_bronze_table
-from streamlake.checkpoint import QueryCheckpoint
-from streamlake.control import JobControl
+from streamlake.pipeline.bronze import ensure_bronze_table
+from streamlake.spark.checkpoint import QueryCheckpoint
+from streamlake.operations.control import JobControl
 from streamlake.delta.table import open_table
 from streamlake.delta.txn import committed_offsets, first_offsets, last_batch_id, offset_transactions
 from streamlake.errors import StreamLakeError
-from streamlake.jobs import JobSpec, list_jobs, load_job
+from streamlake.operations.jobs import JobSpec, list_jobs, load_job
 from streamlake.kafka.client import KafkaMetadataClient, client_config
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
 

@@ -1,9 +1,9 @@
 """The consistency check run after every operation, and the table of its results.
 
-A check is the offset audit (:mod:`streamlake.audit`) of a job's table, plus an
+A check is the offset audit (:mod:`streamlake.operations.audit`) of a job's table, plus an
 optional expectation about the offsets the table must hold (after a restore:
 exactly the savepoint's). Every check is appended to the platform table
-``consistency_checks`` (:mod:`streamlake.platform_tables`): operation, time,
+``consistency_checks`` (:mod:`streamlake.operations.records`): operation, time,
 table, Delta version, counts and verdict, so the history of proofs is itself data.
 """
 
@@ -17,12 +17,12 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from streamlake.audit import AuditReport, audit_offsets
+from streamlake.operations.audit import AuditReport, audit_offsets
 from streamlake.delta.table import TableSpec
 from streamlake.errors import StreamLakeError
-from streamlake.jobs import JobSpec
+from streamlake.operations.jobs import JobSpec
 from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
-from streamlake.platform_tables import append_row, read_rows
+from streamlake.operations.records import append_row, read_rows
 
 RESULTS = TableSpec(
     name="consistency_checks",

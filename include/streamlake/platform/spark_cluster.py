@@ -12,7 +12,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from streamlake import config, procs
+from streamlake import config
+from streamlake.platform import procs
 
 MASTER = "spark-master"
 DEFAULT_PORT = 7077
@@ -20,7 +21,7 @@ DEFAULT_UI_PORT = 8081
 
 
 def spark_class() -> str:
-    from streamlake.spark import python_executable
+    from streamlake.spark.session import python_executable
 
     path = Path(python_executable()).parent / "spark-class"
     if not path.exists():
@@ -33,7 +34,7 @@ def master_url(port: int = DEFAULT_PORT) -> str:
 
 
 def _env() -> dict[str, str]:
-    from streamlake.spark import job_environment
+    from streamlake.spark.session import job_environment
 
     return job_environment({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"})
 

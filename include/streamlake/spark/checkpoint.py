@@ -6,7 +6,7 @@ the query id, which survives restarts. The Delta sink reads the offset log to
 learn exactly which Kafka range a batch covers, so the offsets it commits are
 the ones Spark planned, including offsets without records (transaction
 markers). Format: ``v1``, one line of batch metadata, then one JSON line per
-source; queries built by :mod:`streamlake.ingest` have exactly one source.
+source; queries built by :mod:`streamlake.pipeline.ingest` have exactly one source.
 
 ``streamlake/initial-offsets.json`` is ours: the resolved start offsets of a new
 query, written once before the query starts, so a query restarted before its

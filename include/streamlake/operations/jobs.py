@@ -45,7 +45,7 @@ class JobSpec:
 
     def ingest_config(self, continuous: bool):
         """The job as an IngestConfig (imported here: DAG files import this module)."""
-        from streamlake.ingest import IngestConfig
+        from streamlake.pipeline.ingest import IngestConfig
 
         return IngestConfig(
             table=self.table, checkpoint=self.checkpoint, topics=tuple(self.topics),

@@ -15,7 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from streamlake import config, procs
+from streamlake import config
+from streamlake.platform import procs
 
 SERVICE = "airflow"
 DEFAULT_PORT = 8080
@@ -31,7 +32,7 @@ def airflow_home() -> Path:
 
 def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str, str]:
     """Environment for every Airflow process (standalone, CLI, `airflow dags test`)."""
-    from streamlake.spark import job_environment
+    from streamlake.spark.session import job_environment
 
     home = airflow_home()
     root = config.project_root()
@@ -61,7 +62,7 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str,
 
 
 def airflow_executable() -> str:
-    from streamlake.spark import python_executable
+    from streamlake.spark.session import python_executable
 
     return str(Path(python_executable()).parent / "airflow")
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from streamlake import config, procs
+from streamlake import config
+from streamlake.platform import procs
 
 SERVICE = "kafka"
 

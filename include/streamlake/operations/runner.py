@@ -19,11 +19,11 @@ from typing import Callable
 import psutil
 
 from streamlake import config
-from streamlake.control import JobControl
-from streamlake.ingest import config_to_args
-from streamlake.jobs import JobSpec
-from streamlake.spark import SPARK_DEFAULTS, job_environment, job_path, python_executable
-from streamlake.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
+from streamlake.operations.control import JobControl
+from streamlake.pipeline.ingest import config_to_args
+from streamlake.operations.jobs import JobSpec
+from streamlake.spark.session import SPARK_DEFAULTS, job_environment, job_path, python_executable
+from streamlake.operations.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def submit_with_airflow_hook(job: JobSpec, conn_id: str) -> Callable[[], None]:
 
 def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
     """One continuous run of the job with spark-submit as a child process (CLI)."""
-    from streamlake.spark import spark_submit_command
+    from streamlake.spark.session import spark_submit_command
 
     def run() -> None:
         cmd = spark_submit_command(INGEST_APPLICATION, ingest_args(job, True), master=master,

@@ -7,11 +7,11 @@ the tests. Start-up decides where a *new* query starts reading:
   checkpoint resumes exactly where the table ends), then
 * ``startingOffsets`` for partitions the table has not seen,
 
-and records that start in the checkpoint (:mod:`streamlake.checkpoint`). An
+and records that start in the checkpoint (:mod:`streamlake.spark.checkpoint`). An
 existing checkpoint is resumed as is; the sink reconciles it with the table.
 
 A running job stops or pauses at a micro-batch boundary on request (see
-:mod:`streamlake.control`); the CLI asks for a stop on Ctrl-C/SIGTERM.
+:mod:`streamlake.operations.control`); the CLI asks for a stop on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from streamlake import bronze
-from streamlake.checkpoint import QueryCheckpoint
-from streamlake.control import JobControl
+from streamlake.pipeline import bronze
+from streamlake.spark.checkpoint import QueryCheckpoint
+from streamlake.operations.control import JobControl
 from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
@@ -190,7 +190,7 @@ def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, 
     """Run the ingest job until it ends (available-now) or is stopped.
 
     Holds the job lock for its whole life and obeys the control files (see
-    :mod:`streamlake.control`): STOP ends the job at a micro-batch boundary,
+    :mod:`streamlake.operations.control`): STOP ends the job at a micro-batch boundary,
     PAUSE stops the query at a boundary and starts it again once PAUSE is gone.
     Progress of every micro-batch goes to ``report`` and, as JSON lines, to
     ``<checkpoint>/streamlake/progress.jsonl``. Returns a summary; re-raises the

@@ -1,0 +1,62 @@
+"""``streamlake``: the platform's command line, one module per command group.
+
+    streamlake kafka start|stop|status     embedded Kafka-protocol broker       (cli/kafka.py)
+    streamlake produce --topic T --count N demo sensor readings                 (cli/kafka.py)
+    streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
+    streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
+    streamlake vacuum --table D            delete files of aborted commit attempts (cli/ingest.py)
+    streamlake job list|show|define|status|run|stop NAME                         (cli/jobs.py)
+    streamlake savepoint create|list|show|dispose|restore                       (cli/savepoints.py)
+    streamlake check --job NAME            consistency check (recorded); --list  (cli/checks.py)
+    streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1
+    streamlake airflow start|stop|status   Airflow standalone with the DAGs
+    streamlake platform                    broker + producer + Spark + Airflow (`make run`)
+    streamlake demo                        broker + producer + continuous ingest, no Airflow
+    streamlake stop                        stop every service the platform started (cli/services.py)
+
+Exit status: 0 success, 1 failure, 2 bad input or a platform error (the message
+says which), 3 a check found a violation, 128+N job killed by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from streamlake.errors import StreamLakeError
+
+GROUPS = ("kafka", "ingest", "jobs", "savepoints", "checks", "services")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="streamlake", description="Exactly-once Kafka -> Delta on Spark.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        importlib.import_module(f"streamlake.cli.{group}").add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        code = args.func(args)
+    except BrokenPipeError:  # output piped into `head` etc.
+        code = 0
+    except StreamLakeError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 2
+    except (FileNotFoundError, RuntimeError, TimeoutError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # deltalake/pyarrow native threads can abort the interpreter during shutdown
+    # (delta-rs#2184); everything is flushed, so leave without running it.
+    os._exit(code)

@@ -1,0 +1,84 @@
+"""``streamlake job``: named jobs (define, show, status, run under a restart strategy, stop)."""
+
+from __future__ import annotations
+
+
+from streamlake.cli.common import print_json
+
+
+def cmd_job(args) -> int:
+    from dataclasses import replace
+
+    from streamlake.operations.jobs import JobSpec, list_jobs, load_job, save_job
+
+    if args.action == "list":
+        print_json(list_jobs())
+    elif args.action == "show":
+        print_json(load_job(args.name).to_dict())
+    elif args.action == "define":
+        from streamlake import config
+
+        data = config.home() / "data"
+        try:
+            spec = load_job(args.name)
+        except KeyError:
+            spec = JobSpec(name=args.name, topics=[args.topic or args.name], table=str(data / "bronze" / args.name),
+                           checkpoint=str(data / "checkpoints" / args.name))
+        changes = {k: v for k, v in {
+            "topics": [t for t in (args.topic or "").split(",") if t] or None, "table": args.table,
+            "checkpoint": args.checkpoint, "max_offsets_per_trigger": args.max_offsets_per_trigger,
+            "min_partitions": args.min_partitions, "processing_time_s": args.processing_time,
+            "master": args.master, "spark_conn_id": args.spark_conn_id,
+            "total_executor_cores": args.total_executor_cores, "executor_cores": args.executor_cores,
+        }.items() if v is not None}
+        print_json(save_job(replace(spec, **changes)).to_dict())
+    elif args.action == "status":
+        from streamlake.operations.control import JobControl
+
+        job = load_job(args.name)
+        control = JobControl(job.checkpoint)
+        print_json({"job": job.name, "running": control.is_running(), **control.read_state()})
+    elif args.action == "stop":
+        from streamlake.operations.control import JobControl
+
+        control = JobControl(load_job(args.name).checkpoint)
+        if not control.is_running():
+            print(f"job {args.name} is not running")
+            return 0
+        control.request_stop()
+        control.wait_stopped(args.timeout)
+        print(f"job {args.name} stopped at a micro-batch boundary")
+    elif args.action == "run":
+        from streamlake.operations.runner import run_supervised, submit_with_subprocess
+        from streamlake.operations.supervisor import RestartStrategy
+
+        job = load_job(args.name)
+        strategy = RestartStrategy(args.restart_strategy, attempts=args.restart_attempts,
+                                   delay_s=args.restart_delay, max_failures=args.max_failures,
+                                   interval_s=args.failure_interval)
+        result = run_supervised(job, strategy, submit_with_subprocess(job, args.master or job.master))
+        print_json(result.__dict__)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    j = sub.add_parser("job", help="named jobs: list, show, define, status, run (supervised), stop")
+    j.add_argument("action", choices=["list", "show", "define", "status", "run", "stop"])
+    j.add_argument("name", nargs="?", default="bronze_sensors")
+    j.add_argument("--topic", help="define: topic(s), comma-separated")
+    j.add_argument("--table", help="define: bronze table directory")
+    j.add_argument("--checkpoint", help="define: checkpoint directory")
+    j.add_argument("--max-offsets-per-trigger", type=int)
+    j.add_argument("--min-partitions", type=int)
+    j.add_argument("--processing-time", type=float, help="define: trigger interval when continuous")
+    j.add_argument("--master", help="Spark master for `run` (default: the job's)")
+    j.add_argument("--spark-conn-id", help="define: Airflow connection of the Spark master")
+    j.add_argument("--total-executor-cores", type=int)
+    j.add_argument("--executor-cores", type=int)
+    j.add_argument("--restart-strategy", default="fixed-delay", choices=["fixed-delay", "failure-rate", "none"])
+    j.add_argument("--restart-attempts", type=int, default=3)
+    j.add_argument("--restart-delay", type=float, default=10.0)
+    j.add_argument("--max-failures", type=int, default=3)
+    j.add_argument("--failure-interval", type=float, default=300.0)
+    j.add_argument("--timeout", type=float, default=120.0, help="stop: seconds to wait")
+    j.set_defaults(func=cmd_job)

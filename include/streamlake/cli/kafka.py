@@ -1,0 +1,65 @@
+"""``streamlake kafka`` (the embedded broker) and ``streamlake produce`` (demo data)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from streamlake import config
+from streamlake.cli.common import kafka_options, print_json
+
+
+def cmd_kafka(args) -> int:
+    from streamlake.platform import broker
+
+    if args.action == "start":
+        state = broker.start(args.port)
+        word = "already running" if state.pop("already_running") else "started"
+        print(f"embedded Kafka broker {word} at {state['bootstrap']} (pid {state['pid']})")
+        if os.environ.get(config.ENV_BOOTSTRAP) and os.environ[config.ENV_BOOTSTRAP] != state["bootstrap"]:
+            print(f"note: {config.ENV_BOOTSTRAP}={os.environ[config.ENV_BOOTSTRAP]} overrides it for clients")
+        return 0
+    if args.action == "stop":
+        print("embedded Kafka broker stopped" if broker.stop() else "embedded Kafka broker was not running")
+        return 0
+    state = broker.status()
+    state["clients_use"] = config.bootstrap_servers()
+    print_json(state)
+    return 0 if state["running"] else 1
+
+
+def cmd_produce(args) -> int:
+    from streamlake.kafka.producer import produce_sensor_readings, summary_dict
+
+    stop = {"requested": False}
+
+    def on_signal(signum, _frame):
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    summary = produce_sensor_readings(
+        args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
+        seed=args.seed, options=kafka_options(args.kafka_option), progress=not args.quiet,
+        should_stop=lambda: stop["requested"],
+    )
+    print_json(summary_dict(summary))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    k = sub.add_parser("kafka", help="embedded Kafka-protocol broker (dev/test)")
+    k.add_argument("action", choices=["start", "stop", "status"])
+    k.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
+    k.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("produce", help="produce sensor readings")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, required=True, help="records to produce (0: until stopped)")
+    p.add_argument("--partitions", type=int, default=3, help="partitions when the topic is created")
+    p.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    p.add_argument("--value-bytes", type=int, default=256, help="approximate value size")
+    p.add_argument("--seed", type=int, help="random seed (same seed, same records)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_produce)
