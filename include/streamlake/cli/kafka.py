@@ -41,7 +41,9 @@ def cmd_produce(args) -> int:
     summary = produce_sensor_readings(
         args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
         seed=args.seed, options=kafka_options(args.kafka_option), progress=not args.quiet,
-        should_stop=lambda: stop["requested"],
+        should_stop=lambda: stop["requested"], late_fraction=args.late_fraction,
+        out_of_order_seconds=args.out_of_order_seconds, malformed_fraction=args.malformed_fraction,
+        duplicate_fraction=args.duplicate_fraction, one_per_batch=args.one_per_batch, manifest_path=args.manifest,
     )
     print_json(summary_dict(summary))
     return 0
@@ -60,6 +62,20 @@ def add_parsers(sub) -> None:
     p.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
     p.add_argument("--value-bytes", type=int, default=256, help="approximate value size")
     p.add_argument("--seed", type=int, help="random seed (same seed, same records)")
+    p.add_argument("--late-fraction", type=float, default=0.0, metavar="F",
+                   help="share of late events: event time 2-15 minutes ago, window long closed (default 0)")
+    p.add_argument("--out-of-order-seconds", type=float, default=0.0, metavar="S",
+                   help="on-time events get event time now - uniform(0, S), 0..60 (default 0: in order)")
+    p.add_argument("--malformed-fraction", type=float, default=0.0, metavar="M",
+                   help="share of records the pipeline must quarantine, spread over every reason code (default 0)")
+    p.add_argument("--duplicate-fraction", type=float, default=0.0, metavar="D",
+                   help="share of exact re-sends of a recent valid record (default 0); "
+                        "late + malformed + duplicate <= 1")
+    p.add_argument("--one-per-batch", action="store_true",
+                   help="every record its own record batch (batch.num.messages=1, linger.ms=0), "
+                        "as a real-time producer writes")
+    p.add_argument("--manifest", metavar="PATH",
+                   help="write a JSON line per record: partition, offset, kind, reason, event_id, ...")
     p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_produce)

@@ -3,26 +3,34 @@
 Each record: key = sensor id, value = JSON with a unique ``event_id``,
 ``sensor_id``, ``event_time`` (ISO-8601, UTC) and ``temperature``, padded with a
 ``pad`` field to about ``value_bytes`` bytes. The same seed gives the same
-sensors, event ids and temperatures.
+sensors, event ids and temperatures. Late, out-of-order, malformed and
+duplicate records can be mixed in (:mod:`streamlake.kafka.events` makes them
+and says what each is); every record is stamped with the Kafka timestamp its
+event time was derived from. A manifest (JSON lines) can record where each
+record landed and what it is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
-import random
 import sys
 import time
-import uuid
-from dataclasses import asdict, dataclass
-from typing import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamlake.errors import InvalidOptionError, KafkaUnavailableError
 from streamlake.kafka.client import api_timeout_s, client_config, librdkafka_config
+from streamlake.kafka.events import KINDS, REASONS, EventMix, GeneratedRecord, SensorEvents, SensorReadings
+
+__all__ = ["ProduceSummary", "SensorEvents", "SensorReadings", "ensure_topic", "produce_sensor_readings",
+           "summary_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +62,6 @@ def ensure_topic(conf: Mapping[str, str], topic: str, partitions: int) -> bool:
     return True
 
 
-class SensorReadings:
-    """Deterministic generator of sensor readings (key, value) for a seed."""
-
-    def __init__(self, seed: int | None = None, sensors: int = 64, value_bytes: int = 256):
-        self.rng = random.Random(seed)
-        self.sensors = [f"sensor-{i:04d}" for i in range(sensors)]
-        self.base = {s: self.rng.uniform(15.0, 25.0) for s in self.sensors}
-        self.value_bytes = value_bytes
-
-    def next(self, now: dt.datetime | None = None) -> tuple[bytes, bytes]:
-        sensor = self.rng.choice(self.sensors)
-        event = {
-            "event_id": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
-            "sensor_id": sensor,
-            "event_time": (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="milliseconds"),
-            "temperature": round(self.base[sensor] + self.rng.gauss(0, 0.5), 2),
-        }
-        body = json.dumps(event, separators=(",", ":"))
-        pad = self.value_bytes - len(body) - len(',"pad":""')
-        if pad > 0:
-            body = body[:-1] + ',"pad":"' + "x" * pad + '"}'
-        return sensor.encode(), body.encode()
-
-
 @dataclass
 class ProduceSummary:
     topic: str
@@ -87,32 +71,74 @@ class ProduceSummary:
     seconds: float
     records_per_second: float
     topic_created: bool
+    kinds: dict[str, int] = field(default_factory=dict)    # records per kind (valid, late, duplicate, malformed)
+    reasons: dict[str, int] = field(default_factory=dict)  # malformed records per expected reason code
+    seed: int | None = None
+    one_per_batch: bool = False
+    manifest: str | None = None
 
 
 def produce_sensor_readings(topic: str, count: int, partitions: int = 3, rate: float | None = None,
                             value_bytes: int = 256, seed: int | None = None,
                             options: Mapping[str, str] | None = None, progress: bool = True,
-                            should_stop=lambda: False) -> ProduceSummary:
+                            should_stop=lambda: False, *, late_fraction: float = 0.0,
+                            out_of_order_seconds: float = 0.0, malformed_fraction: float = 0.0,
+                            duplicate_fraction: float = 0.0, malformed_reasons: Sequence[str] | None = None,
+                            one_per_batch: bool = False, manifest_path: str | Path | None = None,
+                            clock: Callable[[], dt.datetime] | None = None) -> ProduceSummary:
     """Produce ``count`` readings (0 = until ``should_stop()``), at most ``rate`` per second.
 
+    ``late_fraction``, ``malformed_fraction``, ``duplicate_fraction`` and
+    ``out_of_order_seconds`` shape the data (see :mod:`streamlake.kafka.events`);
+    ``clock`` gives each record's "now" (event times and the Kafka timestamp).
+    ``one_per_batch`` makes every record its own record batch
+    (``batch.num.messages=1``, ``linger.ms=0``), as a real-time producer writes.
+    ``manifest_path``: a JSON line per delivered record (partition, offset from
+    the delivery report; seq, timestamp, kind, reason, variant, event_id,
+    event_time, duplicate_of), in delivery order.
+
     Delivery is confirmed (idempotent producer, acks=all) before returning.
-    Raises KafkaUnavailableError if records could not be delivered.
+    Raises InvalidOptionError for bad arguments (before connecting) and
+    KafkaUnavailableError if records could not be delivered.
     """
     if count < 0 or partitions < 1 or value_bytes < 1 or (rate is not None and rate <= 0):
         raise InvalidOptionError("count >= 0, partitions >= 1, value-bytes >= 1 and rate > 0 are required")
+    mix = EventMix(late_fraction, out_of_order_seconds, malformed_fraction, duplicate_fraction,
+                   tuple(malformed_reasons) if malformed_reasons is not None else REASONS)
     conf = client_config({f"kafka.{k}": v for k, v in (options or {}).items()})
+    if manifest_path is None:
+        return _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop,
+                        one_per_batch, None, clock)
+    with open(manifest_path, "w", encoding="utf-8") as manifest:
+        return _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop,
+                        one_per_batch, manifest, clock)
+
+
+def _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop, one_per_batch,
+             manifest, clock) -> ProduceSummary:
     created = ensure_topic(conf, topic, partitions)
     settings = librdkafka_config(conf)
+    if one_per_batch:
+        settings.update({"batch.num.messages": "1", "linger.ms": "0"})
     settings.setdefault("linger.ms", "20")
     settings.setdefault("enable.idempotence", "true")
     settings.setdefault("acks", "all")
     producer = Producer(settings, logger=logging.getLogger("streamlake.librdkafka.producer"))
-    readings = SensorReadings(seed, value_bytes=value_bytes)
+    readings = SensorEvents(seed, value_bytes=value_bytes, mix=mix, clock=clock)
+    kinds = dict.fromkeys(KINDS, 0)
+    reasons = dict.fromkeys(REASONS, 0)
     failures: list[str] = []
 
     def on_delivery(err, _msg) -> None:
         if err is not None:
             failures.append(str(err))
+
+    def on_delivery_manifest(record: GeneratedRecord, err, msg) -> None:
+        if err is not None:
+            failures.append(str(err))
+            return
+        manifest.write(json.dumps(record.manifest_line(msg.partition(), msg.offset()), separators=(",", ":")))
+        manifest.write("\n")
 
     bar = None
     if progress:
@@ -129,16 +155,21 @@ def produce_sensor_readings(topic: str, count: int, partitions: int = 3, rate: f
                 if ahead > 0:
                     time.sleep(min(ahead, 0.5))
                     continue
-            key, value = readings.next()
+            record = readings.next()
+            callback = on_delivery if manifest is None else functools.partial(on_delivery_manifest, record)
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                    producer.produce(topic, value=record.value, key=record.key, timestamp=record.timestamp_ms,
+                                     on_delivery=callback)
                     break
                 except BufferError:
                     producer.poll(0.05)
             producer.poll(0)
             sent += 1
-            size += len(value)
+            size += len(record.value)
+            kinds[record.kind] += 1
+            if record.reason:
+                reasons[record.reason] += 1
             if bar is not None and sent % 1000 == 0:
                 bar.update(1000)
         left = producer.flush(api_timeout_s(conf))
@@ -153,7 +184,9 @@ def produce_sensor_readings(topic: str, count: int, partitions: int = 3, rate: f
         )
     seconds = time.monotonic() - started
     return ProduceSummary(topic, sent, size, partitions, round(seconds, 2),
-                          round(sent / seconds, 1) if seconds else 0.0, created)
+                          round(sent / seconds, 1) if seconds else 0.0, created, kinds=kinds,
+                          reasons=reasons, seed=seed, one_per_batch=one_per_batch,
+                          manifest=manifest.name if manifest is not None else None)
 
 
 def summary_dict(summary: ProduceSummary) -> dict:
