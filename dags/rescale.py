@@ -7,12 +7,16 @@ Flink's `modify -p` (savepoint, stop, restart with a new parallelism). Steps:
 2. **savepoint_and_stop**: savepoint at a micro-batch boundary, job stopped.
 3. **apply_settings**: the job spec gets the new resources: total executor
    cores (`spark.cores.max`), cores per executor, input splits
-   (`minPartitions`: Kafka ranges split across tasks) and `maxOffsetsPerTrigger`,
-   plus the Spark connection to run on.
+   (`minPartitions`: Kafka ranges split across tasks), `maxOffsetsPerTrigger`,
+   the number of partitions of gold's aggregation, and the Spark connection
+   to run on.
 4. **restart**: the job restarts from the savepoint with the new settings
-   (available-now: it catches up on what arrived meanwhile). Bronze ingestion
-   has no operator state, so nothing needs redistributing: offsets come from
-   the table and checkpoint, and results cannot change.
+   (available-now: every stage catches up on what arrived meanwhile). No
+   stage keeps its state in Spark: bronze's is its offsets, silver's its
+   position and its own table, gold's the gold table and its watermark (Delta
+   `txn`). Spark 4.2 cannot change a stateful checkpoint's state partitions,
+   but there is no such state here, so gold's parallelism can change and the
+   results stay identical (sums are exact decimals).
 5. **throughput_after** and **record**: rows/s after the rescale; both numbers go
    to the `operations` table and the task log.
 6. **consistency_check**: exactly once after the rescale.
@@ -28,7 +32,7 @@ from airflow.sdk import DAG, Param, task
 
 from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobIngestOperator
+from streamlake.orchestration.operators import JobRunOperator
 
 with DAG(
     dag_id="rescale",
@@ -51,6 +55,9 @@ with DAG(
                                             "(empty: one task per partition)."),
         "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Max offsets per trigger",
                                          description="Records per micro-batch at most (empty: keep the job's)."),
+        "gold_partitions": Param(None, type=["null", "integer"], minimum=1, title="Gold partitions",
+                                 description="Shuffle partitions of gold's windowed aggregation, i.e. its "
+                                             "parallelism (empty: keep the job's)."),
     },
 ) as dag:
 
@@ -74,10 +81,11 @@ with DAG(
         from streamlake.orchestration.tasks import apply_rescale, progress_mark
 
         settings = apply_rescale(params["job"], params["spark_conn_id"], params["total_executor_cores"],
-                                 params["executor_cores"], params["min_partitions"], params["max_offsets_per_trigger"])
+                                 params["executor_cores"], params["min_partitions"], params["max_offsets_per_trigger"],
+                                 params.get("gold_partitions"))
         return {**settings, "progress_mark": progress_mark(params["job"])}
 
-    restart = JobIngestOperator(
+    restart = JobRunOperator(
         task_id="restart",
         job_name="{{ params.job }}",
         spark_conn_id="{{ params.spark_conn_id }}",

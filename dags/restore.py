@@ -4,13 +4,15 @@
 Flink's `run -s <savepoint>`. Steps:
 
 1. **restore**: stop the job if it runs; roll every table of the savepoint
-   back to its Delta version *as a new commit* (history is kept) that also
-   resets the Kafka offsets to the savepoint's, atomically; put the savepoint's
-   checkpoint copy in place.
-2. **check_restored**: the table matches Kafka up to the savepoint (audit clean,
+   (bronze, silver, quarantine, gold, late_events) back to its Delta version
+   *as a new commit* (history is kept) that also resets its `txn` state to the
+   savepoint's, atomically: Kafka offsets for bronze, the upstream position
+   for the others, the watermark for gold; put the savepoint's checkpoint
+   copies of every stage in place.
+2. **check_restored**: bronze matches Kafka up to the savepoint (audit clean,
    offsets equal the manifest's).
-3. **resume**: the job ingests from the savepoint's offsets (available-now, on
-   `spark_conn_id`): everything that arrived since the savepoint.
+3. **resume**: the job runs from the savepoint's state (available-now, on
+   `spark_conn_id`): everything that arrived since flows through every stage.
 4. **check_resumed**: after the new data, still exactly once.
 5. **continue_continuous**: if the job was running continuously before the
    restore, a continuous `streaming_ingest` run is triggered to keep it running.
@@ -25,7 +27,7 @@ from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobIngestOperator
+from streamlake.orchestration.operators import JobRunOperator
 
 SAVEPOINTS = savepoint_ids()
 
@@ -60,7 +62,7 @@ with DAG(
         return consistency_check(restored["job"], "restore", expected_offsets=restored["offsets"],
                                  extra={"savepoint": restored["savepoint"]})
 
-    resume = JobIngestOperator(
+    resume = JobRunOperator(
         task_id="resume",
         job_name="{{ ti.xcom_pull(task_ids='restore')['job'] }}",
         spark_conn_id="{{ params.spark_conn_id }}",

@@ -2,14 +2,16 @@
 ### savepoint: the job's complete state at a micro-batch boundary
 
 Flink's *savepoint* / *stop-with-savepoint* for Spark + Delta. The job is
-brought to a micro-batch boundary (a running job pauses between batches; an
-idle one is kept from starting), and a savepoint is written to
+brought to micro-batch boundaries (a running job pauses every stage between
+batches; an idle one is kept from starting), and a savepoint is written to
 `$STREAMLAKE_HOME/savepoints/<id>/`:
 
-* `manifest.json`: id, time, each table's Delta version, the Kafka offsets per
-  partition *as recorded in the table* (`txn` actions), the job config and the
-  code version;
-* `checkpoint/`: a copy of the Spark query checkpoint.
+* `manifest.json`: id, time, every table's Delta version (bronze, silver,
+  quarantine, gold, late_events) with the `txn` state a restore resets: the
+  Kafka offsets per partition *as recorded in bronze*, each downstream table's
+  position in its upstream, gold's watermark; the job config and the code
+  version;
+* `checkpoints/`: a copy of every stage's Spark query checkpoint.
 
 The job then resumes (or stops, with `stop=true`), and the **consistency
 check** audits the table *at the savepoint's version* and checks its offsets

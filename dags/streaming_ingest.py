@@ -1,26 +1,41 @@
 """
-### streaming_ingest: Kafka -> bronze Delta table, exactly once
+### streaming_ingest: the pipeline, Kafka -> bronze -> silver -> gold, exactly once
+
+The job's stages (`streamlake job show NAME`), each a Spark streaming query
+chained through Delta tables:
+
+* **bronze**: Kafka records as they arrived; every record once, Kafka offsets
+  committed in the same Delta commit as the data;
+* **silver**: typed, validated events (`event_id`, `sensor_id`, `event_time`,
+  `temperature` + lineage), duplicates removed; every record that is not a
+  valid event goes to **quarantine** with a reason code and message;
+* **gold**: per sensor and event-time window (tumbling 1 minute by default):
+  count, min, max, exact sum and average. A watermark (max event time minus
+  the allowed lateness, 30 s by default) decides lateness; an event whose
+  window has closed is kept in **late_events** (never dropped) until the
+  `backfill_late_data` DAG restates its windows.
 
 Two modes, chosen by the `mode` param:
 
-* **scheduled** (what the schedule runs): the job's bronze ingest with the
-  *available-now* trigger, through the Spark provider's `spark-submit`, on the
-  master of the `spark_conn_id` connection (`spark_default` = `local[*]`,
-  `spark_cluster` = the standalone cluster of `streamlake spark start`). It
-  ingests everything Kafka holds at start, in micro-batches of at most the
-  job's `max_offsets_per_trigger`, then stops. The schedule interval is
+* **scheduled** (what the schedule runs): every stage with the *available-now*
+  trigger, one after the other, through the Spark provider's `spark-submit`,
+  on the master of the `spark_conn_id` connection (`spark_default` =
+  `local[*]`, `spark_cluster` = the standalone cluster of `streamlake spark
+  start`). Everything Kafka holds at start flows through to gold, then the run
+  stops. The schedule interval is
   `STREAMLAKE_INGEST_EVERY_MINUTES` (default 5), read when the DAG is parsed:
   Airflow params cannot change a schedule.
-* **continuous** (trigger manually): a supervisor keeps a processing-time query
-  running and restarts it after a failure by the restart strategy in the params
+* **continuous** (trigger manually): a supervisor keeps the processing-time
+  queries running and restarts it after a failure by the restart strategy in the params
   (`fixed-delay`, `failure-rate` or `none`, as in Flink). Every restart is
   logged with its cause; when the strategy gives up, the run fails with the
   reason. The run ends successfully when the job is stopped on request
   (`streamlake job stop NAME`, or the `savepoint` DAG with `stop=true`).
 
-Either way, a **consistency check** follows: the offset audit of the table
+Either way, a **consistency check** follows: the offset audit of bronze
 against Kafka (missing / duplicated / extra / mismatched records), appended to
 the `consistency_checks` table; a violation fails the run with the summary.
+The tables are Airflow Assets: the Assets view shows what feeds what.
 
 Only one run at a time (`max_active_runs=1`): scheduled runs wait while a
 continuous run is active. Logic lives in `include/streamlake/`.
@@ -34,21 +49,26 @@ import os
 from airflow.sdk import DAG, Param, TriggerRule, task
 
 from streamlake.operations.jobs import DEMO_JOB
+from streamlake.orchestration.assets import stage_outputs, topic_assets
 from streamlake.orchestration.dag_parts import START_DATE
-from streamlake.orchestration.operators import JobIngestOperator
+from streamlake.orchestration.operators import JobRunOperator
+
+TABLES = stage_outputs(DEMO_JOB)
+TOPICS = topic_assets(DEMO_JOB)
 
 EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
 
 with DAG(
     dag_id="streaming_ingest",
-    description="Kafka -> bronze Delta exactly once: scheduled available-now runs or a supervised continuous job",
+    description="Kafka -> bronze -> silver -> gold exactly once: scheduled available-now runs or a supervised "
+                "continuous job",
     doc_md=__doc__,
     schedule=dt.timedelta(minutes=EVERY_MINUTES),
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=False,
-    tags=["streamlake", "ingest", "exactly-once"],
+    tags=["streamlake", "ingest", "pipeline", "exactly-once"],
     default_args={"owner": "streamlake", "retries": 2, "retry_delay": dt.timedelta(minutes=1)},
     params={
         "job": Param(DEMO_JOB, type="string", title="Job",
@@ -80,14 +100,16 @@ with DAG(
         """Scheduled -> one available-now spark-submit; continuous -> the supervisor."""
         return "ingest_available_now" if params["mode"] == "scheduled" else "supervise_continuous"
 
-    ingest = JobIngestOperator(
+    ingest = JobRunOperator(
         task_id="ingest_available_now",
         job_name="{{ params.job }}",
         spark_conn_id="{{ params.spark_conn_id }}",
-        doc_md="The job's bronze ingest, available-now trigger, via the Spark provider's spark-submit.",
+        doc_md="The job's stages, available-now, one after the other, via the Spark provider's spark-submit.",
+        inlets=TOPICS,
+        outlets=TABLES,
     )
 
-    @task(task_id="supervise_continuous", retries=0)
+    @task(task_id="supervise_continuous", retries=0, inlets=TOPICS, outlets=TABLES)
     def supervise(params: dict) -> dict:
         """Run the processing-time job under the restart strategy; retries are the strategy's job."""
         from streamlake.orchestration.tasks import supervise_continuous

@@ -17,7 +17,8 @@ import time
 
 from streamlake.operations.control import JobControl
 from streamlake.errors import StreamLakeError
-from streamlake.pipeline.ingest import add_ingest_arguments, config_from_args, describe_failure, run_ingest
+from streamlake.pipeline.driver import describe_failure, platform_error
+from streamlake.pipeline.ingest import add_ingest_arguments, config_from_args, run_ingest
 from streamlake.spark.session import get_spark
 
 
@@ -39,20 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status
         message = describe_failure(exc)
         print(f"ERROR: {message}", file=sys.stderr, flush=True)
-        JobControl(cfg.checkpoint).write_state(last_failure={"at": time.time(), "message": message})
-        return 2 if message.split(":")[0] in _PLATFORM_ERRORS else 1
+        JobControl.for_checkpoint(cfg.checkpoint).write_state(last_failure={"at": time.time(), "message": message})
+        return 2 if platform_error(message) else 1
     finally:
         spark.stop()
     print(f"ingest finished: {summary['rows']} rows in {summary['batches']} micro-batches, "
           f"{summary['seconds']} s", flush=True)
     return 0
 
-
-def _error_names(cls: type) -> set[str]:
-    return {cls.__name__}.union(*(_error_names(sub) for sub in cls.__subclasses__()))
-
-
-_PLATFORM_ERRORS = _error_names(StreamLakeError)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from helpers import ingest
 from streamlake.operations.audit import audit_offsets
 from streamlake.delta.table import open_table, table_exists
 from streamlake.errors import DataLossError, InvalidOptionError, KafkaUnavailableError, UnknownTopicError
-from streamlake.pipeline.ingest import describe_failure
+from streamlake.pipeline.driver import describe_failure
 from streamlake.kafka.source import FORMAT
 
 

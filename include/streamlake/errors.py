@@ -29,3 +29,7 @@ class OffsetGapError(StreamLakeError):
 
 class CommitConflictError(StreamLakeError):
     """The Delta commit kept losing to concurrent writers of the same offsets."""
+
+
+class PositionGapError(StreamLakeError):
+    """A pipeline stage's table is behind its query checkpoint: committing would skip rows."""

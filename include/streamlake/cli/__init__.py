@@ -5,6 +5,8 @@
     streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
     streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
     streamlake vacuum --table D            delete files of aborted commit attempts (cli/ingest.py)
+    streamlake pipeline run --topic T --root DIR [--available-now | --processing-time S] [--window ...]
+                                           bronze -> silver -> gold                (cli/pipeline.py)
     streamlake job list|show|define|status|run|stop NAME                         (cli/jobs.py)
     streamlake savepoint create|list|show|dispose|restore                       (cli/savepoints.py)
     streamlake check --job NAME            consistency check (recorded); --list  (cli/checks.py)
@@ -27,7 +29,7 @@ import sys
 
 from streamlake.errors import StreamLakeError
 
-GROUPS = ("kafka", "ingest", "jobs", "savepoints", "checks", "services")
+GROUPS = ("kafka", "ingest", "pipeline", "jobs", "savepoints", "checks", "services")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,10 +18,10 @@ def ingest_command(cfg, master: str, conf: dict | None = None) -> list[str]:
                                 name=f"ingest_bronze:{cfg.query_name}")
 
 
-def run_job_foreground(cmd: list[str], checkpoint: str, env: dict | None = None) -> int:
-    """Run a spark-submit job in its own process group; Ctrl-C/SIGTERM ask it to stop
-    at a micro-batch boundary (second signal: kill it). Returns its exit status."""
-    from streamlake.pipeline.ingest import request_stop
+def run_job_foreground(cmd: list[str], control, env: dict | None = None) -> int:
+    """Run a spark-submit job in its own process group; Ctrl-C/SIGTERM ask it (through
+    its JobControl ``control``) to stop at a micro-batch boundary (second signal: kill
+    it). Returns its exit status."""
     from streamlake.spark.session import job_environment
 
     proc = subprocess.Popen(cmd, env=job_environment(env), start_new_session=True)
@@ -31,7 +31,7 @@ def run_job_foreground(cmd: list[str], checkpoint: str, env: dict | None = None)
         signals["count"] += 1
         if signals["count"] == 1:
             print("\nstopping at the next micro-batch boundary (again to kill)...", file=sys.stderr)
-            request_stop(checkpoint)
+            control.request_stop()
         else:
             procs.kill_tree(proc.pid, proc.pid, timeout=5)
 
@@ -49,10 +49,11 @@ def run_job_foreground(cmd: list[str], checkpoint: str, env: dict | None = None)
 
 
 def cmd_ingest(args) -> int:
+    from streamlake.operations.control import JobControl
     from streamlake.pipeline.ingest import config_from_args
 
     cfg = config_from_args(args)
-    return run_job_foreground(ingest_command(cfg, args.master), cfg.checkpoint)
+    return run_job_foreground(ingest_command(cfg, args.master), JobControl.for_checkpoint(cfg.checkpoint))
 
 
 def cmd_audit(args) -> int:

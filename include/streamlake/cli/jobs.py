@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from streamlake.cli.common import print_json
 
 
@@ -18,30 +17,26 @@ def cmd_job(args) -> int:
     elif args.action == "define":
         from streamlake import config
 
-        data = config.home() / "data"
         try:
             spec = load_job(args.name)
         except KeyError:
-            spec = JobSpec(name=args.name, topics=[args.topic or args.name], table=str(data / "bronze" / args.name),
-                           checkpoint=str(data / "checkpoints" / args.name))
+            spec = JobSpec(name=args.name, topics=[args.topic or args.name],
+                           root=args.root or str(config.home() / "data" / args.name))
         changes = {k: v for k, v in {
-            "topics": [t for t in (args.topic or "").split(",") if t] or None, "table": args.table,
-            "checkpoint": args.checkpoint, "max_offsets_per_trigger": args.max_offsets_per_trigger,
-            "min_partitions": args.min_partitions, "processing_time_s": args.processing_time,
-            "master": args.master, "spark_conn_id": args.spark_conn_id,
+            "topics": [t for t in (args.topic or "").split(",") if t] or None, "root": args.root,
+            "stages": [s for s in (args.stages or "").split(",") if s] or None,
+            "max_offsets_per_trigger": args.max_offsets_per_trigger, "min_partitions": args.min_partitions,
+            "processing_time_s": args.processing_time, "window": args.window,
+            "allowed_lateness": args.allowed_lateness, "dedup_horizon": args.dedup_horizon,
+            "gold_partitions": args.gold_partitions, "master": args.master, "spark_conn_id": args.spark_conn_id,
             "total_executor_cores": args.total_executor_cores, "executor_cores": args.executor_cores,
         }.items() if v is not None}
         print_json(save_job(replace(spec, **changes)).to_dict())
     elif args.action == "status":
-        from streamlake.operations.control import JobControl
-
         job = load_job(args.name)
-        control = JobControl(job.checkpoint)
-        print_json({"job": job.name, "running": control.is_running(), **control.read_state()})
+        print_json({"job": job.name, "running": job.control.is_running(), **job.control.read_state()})
     elif args.action == "stop":
-        from streamlake.operations.control import JobControl
-
-        control = JobControl(load_job(args.name).checkpoint)
+        control = load_job(args.name).control
         if not control.is_running():
             print(f"job {args.name} is not running")
             return 0
@@ -62,15 +57,21 @@ def cmd_job(args) -> int:
 
 
 def add_parsers(sub) -> None:
+    from streamlake.operations.jobs import DEMO_JOB
+
     j = sub.add_parser("job", help="named jobs: list, show, define, status, run (supervised), stop")
     j.add_argument("action", choices=["list", "show", "define", "status", "run", "stop"])
-    j.add_argument("name", nargs="?", default="bronze_sensors")
+    j.add_argument("name", nargs="?", default=DEMO_JOB)
     j.add_argument("--topic", help="define: topic(s), comma-separated")
-    j.add_argument("--table", help="define: bronze table directory")
-    j.add_argument("--checkpoint", help="define: checkpoint directory")
+    j.add_argument("--root", help="define: directory of the job's tables and checkpoints")
+    j.add_argument("--stages", help="define: bronze | bronze,silver | bronze,silver,gold")
     j.add_argument("--max-offsets-per-trigger", type=int)
     j.add_argument("--min-partitions", type=int)
     j.add_argument("--processing-time", type=float, help="define: trigger interval when continuous")
+    j.add_argument("--window", help="define: tumbling:1m | sliding:5m,1m | session:30s")
+    j.add_argument("--allowed-lateness", help="define: e.g. 30s")
+    j.add_argument("--dedup-horizon", help="define: e.g. 24h")
+    j.add_argument("--gold-partitions", type=int, help="define: parallelism of gold's aggregation")
     j.add_argument("--master", help="Spark master for `run` (default: the job's)")
     j.add_argument("--spark-conn-id", help="define: Airflow connection of the Spark master")
     j.add_argument("--total-executor-cores", type=int)

@@ -13,13 +13,16 @@ def cmd_savepoint(args) -> int:
     if args.action == "create":
         from streamlake.operations.jobs import load_job
 
-        manifest = savepoints.create_savepoint(load_job(args.job), stop=args.stop, note=args.note or "")
+        from streamlake.operations.jobs import DEMO_JOB
+
+        manifest = savepoints.create_savepoint(load_job(args.job or DEMO_JOB), stop=args.stop, note=args.note or "")
         print(manifest.id)
-        print(f"savepoint {manifest.id} of job {manifest.job}: table version {manifest.tables[0].version}, "
-              f"offsets {manifest.kafka_offsets}{'; job stopped' if args.stop else ''}", file=sys.stderr)
+        print(f"savepoint {manifest.id} of job {manifest.job}: table versions {manifest.versions()}, "
+              f"offsets {manifest.kafka_offsets}, watermark {manifest.watermark_ms}"
+              f"{'; job stopped' if args.stop else ''}", file=sys.stderr)
     elif args.action == "list":
         print_json([{"id": m.id, "job": m.job, "created_at": m.created_at,
-                      "versions": {t.name: t.version for t in m.tables}, "offsets": m.kafka_offsets}
+                     "versions": m.versions(), "offsets": m.kafka_offsets, "watermark_ms": m.watermark_ms}
                      for m in savepoints.list_savepoints(args.job)])
     elif args.action == "show":
         print_json(savepoints.load_savepoint(args.id).to_dict())
@@ -29,7 +32,7 @@ def cmd_savepoint(args) -> int:
     elif args.action == "restore":
         result = savepoints.restore_savepoint(args.id)
         print_json(result)
-        print(f"restored; start the job again (e.g. `streamlake job run {result['job']}` or the "
+        print(f"restored; start the job again (`streamlake job run {result['job']}` or the "
               f"streaming_ingest DAG)", file=sys.stderr)
     return 0
 
@@ -38,7 +41,7 @@ def add_parsers(sub) -> None:
     sp = sub.add_parser("savepoint", help="savepoints: create, list, show, dispose, restore")
     sp.add_argument("action", choices=["create", "list", "show", "dispose", "restore"])
     sp.add_argument("id", nargs="?", help="savepoint id (show, dispose, restore)")
-    sp.add_argument("--job", default=None, help="job (create: default bronze_sensors; list: filter)")
+    sp.add_argument("--job", default=None, help="job (create: default the demo job; list: filter)")
     sp.add_argument("--stop", action="store_true", help="create: stop the job after the savepoint")
     sp.add_argument("--note")
     sp.set_defaults(func=cmd_savepoint)

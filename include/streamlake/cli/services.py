@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -10,7 +9,6 @@ from pathlib import Path
 
 from streamlake import config
 from streamlake.cli.common import print_json
-from streamlake.cli.ingest import ingest_command
 from streamlake.platform import procs
 
 
@@ -43,18 +41,25 @@ def cmd_airflow(args) -> int:
     return 0
 
 
-def _start_broker_and_producer(topic: str, rate: float, kafka_port: int) -> None:
-    """The embedded broker and a background demo producer (both idempotent)."""
+def _start_broker_and_producer(args) -> None:
+    """The embedded broker and a background demo producer (both idempotent). The producer
+    writes the demo's realistic mix: some readings out of order, late, duplicated, malformed."""
     from streamlake.platform import broker
     from streamlake.spark.session import job_environment
 
-    state = broker.start(kafka_port)
+    state = broker.start(args.kafka_port)
     print(f"Kafka (embedded):  {state['bootstrap']}")
     if procs.status("producer") is None:
         env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
-        procs.start("producer", [str(Path(sys.executable).parent / "streamlake"), "produce", "--topic", topic,
-                                 "--count", "0", "--partitions", "3", "--rate", str(rate), "--quiet"], env=env)
-    print(f"Demo producer:     {rate:g} sensor readings/s into topic {topic!r} "
+        procs.start("producer", [str(Path(sys.executable).parent / "streamlake"), "produce", "--topic", args.topic,
+                                 "--count", "0", "--partitions", "3", "--rate", str(args.rate), "--quiet",
+                                 "--late-fraction", str(args.late_fraction),
+                                 "--out-of-order-seconds", str(args.out_of_order_seconds),
+                                 "--malformed-fraction", str(args.malformed_fraction),
+                                 "--duplicate-fraction", str(args.duplicate_fraction)], env=env)
+    print(f"Demo producer:     {args.rate:g} sensor readings/s into topic {args.topic!r}: "
+          f"{args.late_fraction:.0%} late, {args.malformed_fraction:.0%} malformed, "
+          f"{args.duplicate_fraction:.0%} duplicated, out of order by up to {args.out_of_order_seconds:g} s "
           f"(log: {config.log_dir() / 'producer.log'})")
 
 
@@ -62,10 +67,10 @@ def cmd_platform(args) -> int:
     """`make run`: broker, demo producer, Spark cluster, Airflow standalone with the DAGs."""
     from streamlake.platform import airflow as airflow_setup
 
-    _start_broker_and_producer(args.topic, args.rate, args.kafka_port)
+    _start_broker_and_producer(args)
     if not args.no_spark_cluster:
-        from streamlake.platform import spark_cluster
         from streamlake.operations.jobs import DEMO_JOB, demo_job, jobs_dir, save_job
+        from streamlake.platform import spark_cluster
 
         cluster = spark_cluster.start(workers=2, cores_per_worker=1)
         print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers, UI {cluster['ui']})")
@@ -79,32 +84,35 @@ def cmd_platform(args) -> int:
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
-    print("DAGs:              streaming_ingest (every 5 minutes), savepoint, restore, rescale; "
-          "StreamLake menu: savepoints, consistency checks")
+    print("DAGs:              streaming_ingest (the demo pipeline, every few minutes), backfill_late_data, "
+          "savepoint, restore, rescale")
+    print("StreamLake menu:   late events, data quality, savepoints, consistency checks, operations")
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0
 
 
 def cmd_demo(args) -> int:
-    """The demo job running continuously without Airflow, with its progress on the terminal."""
+    """The demo pipeline running continuously without Airflow, with its progress on the terminal."""
     from dataclasses import replace
 
-    from streamlake.pipeline.ingest import format_progress, progress_file, request_stop
     from streamlake.operations.jobs import DEMO_JOB, load_job
-    from streamlake.spark.session import job_environment
+    from streamlake.pipeline.config import config_to_args
+    from streamlake.pipeline.driver import format_line, read_progress
+    from streamlake.spark.session import job_environment, spark_submit_command
 
-    _start_broker_and_producer(args.topic, args.rate, args.port)
+    _start_broker_and_producer(args)
     job = load_job(DEMO_JOB)
-    cfg = replace(job.ingest_config(continuous=True), topics=(args.topic,),
+    cfg = replace(job.pipeline_config(continuous=True), topics=(args.topic,),
                   processing_time_s=args.trigger_seconds, max_offsets_per_trigger=args.max_offsets)
     env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
-    if procs.status("ingest") is None:
-        progress_file(cfg.checkpoint).unlink(missing_ok=True)
-        procs.start("ingest", ingest_command(cfg, args.master), env=env,
-                    info={"checkpoint": cfg.checkpoint, "table": cfg.table})
-    print(f"ingest: Spark {args.master}, micro-batch every {args.trigger_seconds:g}s -> Delta table {cfg.table}")
-    print(f"        (log: {config.log_dir() / 'ingest.log'}); Ctrl-C stops producer and ingest, "
+    if procs.status("pipeline") is None:
+        job.control.progress_file.unlink(missing_ok=True)
+        procs.start("pipeline", spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master,
+                                                     name=f"pipeline:{job.name}"),
+                    env=env, info={"control": job.control_dir, "root": job.root})
+    print(f"pipeline: Spark {args.master}, {cfg.describe()}")
+    print(f"          (log: {config.log_dir() / 'pipeline.log'}); Ctrl-C stops producer and pipeline, "
           "`make stop` stops everything\n")
 
     stop = {"requested": False}
@@ -113,30 +121,30 @@ def cmd_demo(args) -> int:
     seen = 0
     started = time.monotonic()
     while not stop["requested"]:
-        if procs.status("ingest") is None:
-            print(f"ingest job exited; see {config.log_dir() / 'ingest.log'}", file=sys.stderr)
+        if procs.status("pipeline") is None:
+            print(f"pipeline exited; see {config.log_dir() / 'pipeline.log'}", file=sys.stderr)
             return 1
-        lines = progress_file(cfg.checkpoint).read_text().splitlines() if progress_file(cfg.checkpoint).exists() else []
+        lines = read_progress(job.control)
         for line in lines[seen:]:
-            print(format_progress(json.loads(line)), flush=True)
+            print(format_line(line), flush=True)
         seen = len(lines)
         if not seen and time.monotonic() - started > 5:
             print("waiting for the first micro-batch (Spark start-up takes ~15 s)...", flush=True)
             started = float("inf")
         time.sleep(1)
-    print("\nstopping ingest at a micro-batch boundary and the producer...")
-    request_stop(cfg.checkpoint)
+    print("\nstopping the pipeline at micro-batch boundaries and the producer...")
+    job.control.request_stop()
     try:
-        procs.wait_for(lambda: procs.status("ingest") is None, timeout=60, what="the ingest job to stop")
+        procs.wait_for(lambda: procs.status("pipeline") is None, timeout=60, what="the pipeline to stop")
     except TimeoutError:
-        procs.stop("ingest")
+        procs.stop("pipeline")
     procs.stop("producer")
     print("stopped; the broker keeps running (`make stop` stops it)")
     return 0
 
 
 def cmd_stop(args) -> int:
-    from streamlake.pipeline.ingest import request_stop
+    from streamlake.operations.control import JobControl
 
     running = procs.running_services()
     if not running:
@@ -144,14 +152,14 @@ def cmd_stop(args) -> int:
         return 0
     # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
     def rank(name: str) -> int:
-        return {"airflow": 0, "ingest": 1, "producer": 1, "spark-master": 3, "kafka": 4}.get(
+        return {"airflow": 0, "pipeline": 1, "producer": 1, "spark-master": 3, "kafka": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
     for state in sorted(running, key=lambda s: rank(s.name)):
-        if state.name == "ingest" and state.info.get("checkpoint"):
-            request_stop(state.info["checkpoint"])
+        if state.name == "pipeline" and state.info.get("control"):
+            JobControl(state.info["control"]).request_stop()
             try:
-                procs.wait_for(lambda: procs.status("ingest") is None, timeout=30, what="ingest to stop")
+                procs.wait_for(lambda: procs.status("pipeline") is None, timeout=30, what="the pipeline to stop")
             except TimeoutError:
                 pass
         procs.stop(state.name)
@@ -172,22 +180,30 @@ def add_parsers(sub) -> None:
     af.add_argument("--port", type=int, default=8080)
     af.set_defaults(func=cmd_airflow)
 
-    pl = sub.add_parser("platform", help="broker + demo producer + Airflow (what `make run` runs)")
-    pl.add_argument("--topic", default="sensors")
-    pl.add_argument("--rate", type=float, default=200.0)
-    pl.add_argument("--port", type=int, default=8080)
-    pl.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
+    pl = sub.add_parser("platform", help="broker + demo producer + Spark cluster + Airflow (what `make run` runs)")
+    pl.add_argument("--port", type=int, default=8080, help="Airflow UI port")
     pl.add_argument("--no-spark-cluster", action="store_true", help="run jobs on local[*] only")
+    _demo_data_arguments(pl, rate=200.0)
     pl.set_defaults(func=cmd_platform)
 
-    d = sub.add_parser("demo", help="broker + producer + continuous ingest with live progress")
-    d.add_argument("--topic", default="sensors")
-    d.add_argument("--rate", type=float, default=500.0, help="produced records per second")
+    d = sub.add_parser("demo", help="broker + producer + the pipeline running continuously, with live progress")
     d.add_argument("--trigger-seconds", type=float, default=5.0)
     d.add_argument("--max-offsets", type=int, default=50_000, help="max records per micro-batch")
     d.add_argument("--master", default="local[2]")
-    d.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
+    _demo_data_arguments(d, rate=500.0)
     d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("stop", help="stop every service the platform started")
     s.set_defaults(func=cmd_stop)
+
+
+def _demo_data_arguments(parser, rate: float) -> None:
+    """The demo topic and producer: rate and how much of the data arrives late, broken or twice."""
+    parser.add_argument("--topic", default="sensors")
+    parser.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
+    parser.add_argument("--rate", type=float, default=rate, help="produced records per second")
+    parser.add_argument("--late-fraction", type=float, default=0.02, help="readings 2-15 minutes late")
+    parser.add_argument("--out-of-order-seconds", type=float, default=10.0,
+                        help="on-time readings out of order by up to this many seconds")
+    parser.add_argument("--malformed-fraction", type=float, default=0.01, help="records the pipeline quarantines")
+    parser.add_argument("--duplicate-fraction", type=float, default=0.01, help="readings sent twice")

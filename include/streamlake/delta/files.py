@@ -1,7 +1,9 @@
 """Pre-commit phase of the Delta sink: Spark writes the micro-batch's Parquet files.
 
 Each commit attempt writes its rows with Spark's own Parquet writer into a
-directory of its own inside the table, ``<partition>/attempt-<id>/``, then the
+directory of its own inside the table (``<partition>/attempt-<id>/`` when the
+whole batch goes to one partition, as in bronze; ``attempt-<id>/<partition>/``
+when Spark partitions the rows by the table's partition columns), then the
 driver reads the files' footers (row counts, column statistics) to build Delta
 ``add`` actions. Until the commit, no snapshot references these files: readers
 cannot see them, and an attempt that dies leaves files no commit will ever
@@ -17,12 +19,16 @@ records back from the JVM to Python workers cost 3-4x more than the whole write
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import os
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
@@ -52,17 +58,31 @@ class DataFile:
     topic: str | None  # set when every row of the file has the same topic ...
     partition: int | None  # ... and Kafka partition (one task reads one partition)
     min_offset: int | None
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)  # Delta partition values
+
+
+def _stat_value(value):
+    """A footer statistic as Delta's stats JSON writes it (timestamps ISO-8601 UTC)."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
 
 
 def _footer_stats(meta: pq.FileMetaData, columns: Sequence[str]) -> tuple[dict, dict, dict]:
-    schema = meta.schema.to_arrow_schema()
+    """min, max and null count of top-level primitive ``columns`` over all row groups
+    (a column without complete statistics gets none)."""
+    leaf = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
     mins: dict = {}
     maxs: dict = {}
     nulls: dict = {}
     for name in columns:
-        if name not in schema.names:
+        if name not in leaf:
             continue
-        index = schema.get_field_index(name)
+        index = leaf[name]
         lo = hi = None
         null_count = 0
         complete = True
@@ -75,8 +95,8 @@ def _footer_stats(meta: pq.FileMetaData, columns: Sequence[str]) -> tuple[dict, 
             lo = st.min if lo is None else min(lo, st.min)
             hi = st.max if hi is None else max(hi, st.max)
             null_count += st.null_count if st.has_null_count else 0
-        if complete and lo is not None:
-            mins[name], maxs[name] = lo, hi
+        if complete and lo is not None and not isinstance(lo, (bytes, decimal.Decimal)):
+            mins[name], maxs[name] = _stat_value(lo), _stat_value(hi)
             nulls[name] = null_count
     return mins, maxs, nulls
 
@@ -94,33 +114,78 @@ def describe_file(table_root: str, rel_path: str, stats_columns: Sequence[str]) 
                     single("topic"), single("partition"), mins.get("offset"))
 
 
-def write_attempt_files(rows, table_root: str, attempt_id: str, partition_values: Mapping[str, str],
-                        columns: Sequence[str], stats_columns: Sequence[str]) -> list[DataFile]:
+def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequence[str],
+                        stats_columns: Sequence[str], *, partition_values: Mapping[str, str] | None = None,
+                        partition_by: Sequence[str] = ()) -> list[DataFile]:
     """Write ``rows`` (a Spark DataFrame) as Parquet files of one commit attempt.
 
-    Returns the non-empty files written, described from their footers. Raises
-    whatever Spark raises; a failed write leaves only unreferenced files.
+    ``columns`` are the data files' columns. With ``partition_values`` every row
+    goes to that one partition; with ``partition_by`` Spark splits the rows by
+    those columns (which must be in ``rows``) into Hive-style directories. Returns
+    the non-empty files written, described from their footers, each with its
+    partition values. Raises whatever Spark raises; a failed write leaves only
+    unreferenced files.
     """
-    directory = "/".join(p for p in (partition_path(partition_values), ATTEMPT_PREFIX + attempt_id) if p)
+    if partition_values is not None:
+        directory = "/".join(p for p in (partition_path(partition_values), ATTEMPT_PREFIX + attempt_id) if p)
+    else:
+        directory = ATTEMPT_PREFIX + attempt_id
     out = os.path.join(table_root, directory)
     spark = rows.sparkSession
     for key, value in WRITE_CONF.items():
         spark.conf.set(key, value)
-    rows.select(*columns).write.mode("errorifexists").parquet(out)
+    writer = rows.select(*columns, *partition_by).write.mode("errorifexists")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.parquet(out)
+    directories = _move_partitions_outside(table_root, directory) if partition_by else [directory]
     files = []
-    for name in sorted(os.listdir(out)):
-        if not name.endswith(".parquet") or name.startswith("."):
-            os.remove(os.path.join(out, name))  # _SUCCESS, Hadoop's .crc sidecars: not table data
-        else:
-            described = describe_file(table_root, f"{directory}/{name}", stats_columns)
+    for rel_dir in directories:
+        for name in sorted(os.listdir(os.path.join(table_root, rel_dir))):
+            if not name.endswith(".parquet") or name.startswith("."):
+                os.remove(os.path.join(table_root, rel_dir, name))  # _SUCCESS, .crc sidecars: not table data
+                continue
+            described = describe_file(table_root, f"{rel_dir}/{name}", stats_columns)
             if described.num_records:
-                files.append(described)
+                values = dict(partition_values) if partition_values is not None else \
+                    _hive_partition_values(os.path.dirname(rel_dir))
+                files.append(replace(described, partition_values=values))
     return files
 
 
-def add_actions(files: Sequence[DataFile], partition_values: Mapping[str, str]) -> list[AddAction]:
-    """Delta ``add`` actions for the files of a commit."""
-    return [AddAction(f.path, f.size, dict(partition_values), f.modification_time, True, f.stats) for f in files]
+def _move_partitions_outside(table_root: str, directory: str) -> list[str]:
+    """``attempt-X/event_date=D/part.parquet`` -> ``event_date=D/attempt-X/part.parquet``,
+    the layout bronze uses, which Spark's partition discovery (``basePath``) reads
+    without seeing several roots. Returns the new directories (relative to the
+    table). The emptied attempt directory and Spark's marker files are removed."""
+    attempt = os.path.join(table_root, directory)
+    moved = []
+    for root, _dirs, names in os.walk(attempt, topdown=False):
+        rel = os.path.relpath(root, attempt)
+        parquet = [n for n in names if n.endswith(".parquet") and not n.startswith(".")]
+        if rel != "." and parquet:
+            target = os.path.join(rel, directory)
+            os.makedirs(os.path.join(table_root, target), exist_ok=True)
+            for name in parquet:
+                os.replace(os.path.join(root, name), os.path.join(table_root, target, name))
+            moved.append(target)
+    shutil.rmtree(attempt, ignore_errors=True)
+    return sorted(moved)
+
+
+def _hive_partition_values(rel_dir: str) -> dict[str, str | None]:
+    """``event_date=2026-11-22/x=a%2Fb`` -> {"event_date": "2026-11-22", "x": "a/b"}."""
+    values: dict[str, str | None] = {}
+    for part in rel_dir.split(os.sep):
+        if "=" in part:
+            key, _, value = part.partition("=")
+            values[unquote(key)] = None if value == "__HIVE_DEFAULT_PARTITION__" else unquote(value)
+    return values
+
+
+def add_actions(files: Sequence[DataFile]) -> list[AddAction]:
+    """Delta ``add`` actions for the files of a commit (each with its partition values)."""
+    return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 
 def stale_spark_temporaries(table_root: str, older_than_hours: float) -> list[Path]:

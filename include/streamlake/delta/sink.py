@@ -181,7 +181,6 @@ class DeltaKafkaSink:
                 mins = [f.min_offset for f in files if (f.topic, f.partition) == tp and f.min_offset is not None]
                 first[tp] = min(mins) if mins else plan.end[tp]
             records = sum(f.num_records for f in files)
-            partition_values = self.partition_values(batch_time_ms)
             properties = CommitProperties(
                 app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
                 custom_metadata={"streamlake": {
@@ -197,7 +196,7 @@ class DeltaKafkaSink:
             )
             try:
                 table.create_write_transaction(
-                    add_actions(files, partition_values), "append", self.spec.schema,
+                    add_actions(files), "append", self.spec.schema,
                     partition_by=list(self.spec.partition_by) or None, commit_properties=properties,
                 )
             except CommitFailedError as exc:
@@ -234,5 +233,5 @@ class DeltaKafkaSink:
                 cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition) & (F.col("offset") >= low)
                 keep = cond if keep is None else keep | cond
             rows = rows.where(keep)
-        return write_attempt_files(rows, self.table_path, attempt_id, self.partition_values(batch_time_ms),
-                                   self.spec.file_schema.names, self.stats_columns)
+        return write_attempt_files(rows, self.table_path, attempt_id, self.spec.file_schema.names,
+                                   self.stats_columns, partition_values=self.partition_values(batch_time_ms))

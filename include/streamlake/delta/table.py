@@ -86,6 +86,41 @@ def snapshot_files(table: DeltaTable) -> list[str]:
     return [uri[len("file://"):] if uri.startswith("file://") else uri for uri in table.file_uris()]
 
 
+def files_overlapping(table: DeltaTable, column: str, low=None, high=None) -> list[str]:
+    """Local paths of the snapshot's files whose ``column`` statistics overlap
+    ``[low, high]`` (either bound may be None). Files without statistics for the
+    column are included: pruning never drops a file that might hold a match."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    paths = actions.column("path").to_pylist()
+    names = actions.column_names
+    mins = actions.column(f"min.{column}").to_pylist() if f"min.{column}" in names else [None] * len(paths)
+    maxs = actions.column(f"max.{column}").to_pylist() if f"max.{column}" in names else [None] * len(paths)
+    root = table_root(table)
+    keep = []
+    for path, lo, hi in zip(paths, mins, maxs):
+        if lo is None or hi is None or ((high is None or lo <= high) and (low is None or hi >= low)):
+            keep.append(path if os.path.isabs(path) else os.path.join(root, path))
+    return keep
+
+
+def table_root(table: DeltaTable) -> str:
+    uri = table.table_uri
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def read_files(spark, path: str | os.PathLike, spec: TableSpec, files: list[str]):
+    """A Spark DataFrame of some of a table's data files (partition columns from the paths'
+    values as declared in ``spec``); empty with the table's schema when ``files`` is."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(spec.schema)
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).option("basePath", str(path)).parquet(*files)
+
+
 def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | None = None):
     """A Spark DataFrame of the table's snapshot (latest, or ``version``).
 
@@ -94,14 +129,7 @@ def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | N
     types. Works without Delta's JVM connector; where it is installed,
     ``spark.read.format("delta").load(path)`` reads the same data.
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    table = open_table(path, version)
-    schema = from_arrow_schema(spec.schema)
-    files = snapshot_files(table)
-    if not files:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).option("basePath", str(path)).parquet(*files)
+    return read_files(spark, path, spec, snapshot_files(open_table(path, version)))
 
 
 def vacuum_table(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = True) -> list[str]:

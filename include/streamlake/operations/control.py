@@ -1,6 +1,7 @@
-"""Controlling a running ingest job from outside: stop, pause, resume, is it running.
+"""Controlling a running job from outside: stop, pause, resume, is it running.
 
-A job's control files live in its checkpoint, under ``streamlake/``:
+A job's control files live in its control directory (``<root>/_control`` for a
+pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
 
 ``job.lock``
     held (``flock``) by the job's driver for as long as it runs, so "running"
@@ -13,7 +14,9 @@ A job's control files live in its checkpoint, under ``streamlake/``:
     when ``PAUSE`` is removed. Savepoints use this to copy a checkpoint that
     sits exactly on a micro-batch boundary;
 ``state.json``
-    how the job was started (mode, pid, savepoint it was restored from).
+    how the job was started (mode, pid, savepoint it was restored from);
+``progress.jsonl``
+    one JSON line per micro-batch of every stage.
 """
 
 from __future__ import annotations
@@ -27,10 +30,19 @@ from pathlib import Path
 
 
 class JobControl:
-    """Control files of the job whose checkpoint is ``checkpoint``."""
+    """Control files of a job, in ``directory``."""
 
-    def __init__(self, checkpoint: str | os.PathLike):
-        self.dir = Path(checkpoint) / "streamlake"
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint: str | os.PathLike) -> "JobControl":
+        """The control files of a single-query job kept inside its checkpoint."""
+        return cls(Path(checkpoint) / "streamlake")
+
+    @property
+    def progress_file(self) -> Path:
+        return self.dir / "progress.jsonl"
 
     @property
     def lock_file(self) -> Path:

@@ -19,23 +19,23 @@ from typing import Callable
 import psutil
 
 from streamlake import config
-from streamlake.operations.control import JobControl
-from streamlake.pipeline.ingest import config_to_args
 from streamlake.operations.jobs import JobSpec
+from streamlake.pipeline.config import config_to_args
 from streamlake.spark.session import SPARK_DEFAULTS, job_environment, job_path, python_executable
 from streamlake.operations.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
 
 log = logging.getLogger(__name__)
 
-INGEST_APPLICATION = "ingest_bronze.py"
+PIPELINE_APPLICATION = "pipeline.py"
 
 
 def application() -> str:
-    return job_path(INGEST_APPLICATION)
+    return job_path(PIPELINE_APPLICATION)
 
 
-def ingest_args(job: JobSpec, continuous: bool) -> list[str]:
-    return config_to_args(job.ingest_config(continuous))
+def job_args(job: JobSpec, continuous: bool) -> list[str]:
+    """spark-submit arguments of ``jobs/pipeline.py`` for the job (available-now unless ``continuous``)."""
+    return config_to_args(job.pipeline_config(continuous))
 
 
 def spark_conf(job: JobSpec) -> dict[str, str]:
@@ -54,11 +54,11 @@ def spark_env() -> dict[str, str]:
 
 def job_processes(job: JobSpec) -> list[psutil.Process]:
     """Every process of a running instance of the job (spark-submit JVM, Python driver)."""
-    marker = str(Path(job.checkpoint))
+    marker = str(Path(job.root))
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if any(INGEST_APPLICATION in part for part in cmd) and marker in cmd:
+        if any(part.endswith(PIPELINE_APPLICATION) for part in cmd) and marker in cmd:
             found.append(proc)
     return found
 
@@ -82,7 +82,7 @@ def kill_job(job: JobSpec, sig: int = signal.SIGKILL) -> int:
 
 def failure_cause(job: JobSpec, exit_code: int | None, since: float) -> str:
     """A readable cause: the job's own error message if it wrote one, else the exit status."""
-    failure = JobControl(job.checkpoint).read_state().get("last_failure") or {}
+    failure = job.control.read_state().get("last_failure") or {}
     if exit_code is not None and exit_code < 0:
         return f"killed by {signal.Signals(-exit_code).name}"
     if exit_code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
@@ -96,7 +96,7 @@ def _reap(job: JobSpec) -> None:
     """Kill what a failed run left behind (a driver whose JVM was killed) and wait for its lock."""
     if kill_job(job):
         time.sleep(1)
-    JobControl(job.checkpoint).wait_stopped(60)
+    job.control.wait_stopped(60)
 
 
 def submit_with_airflow_hook(job: JobSpec, conn_id: str) -> Callable[[], None]:
@@ -104,7 +104,7 @@ def submit_with_airflow_hook(job: JobSpec, conn_id: str) -> Callable[[], None]:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     def run() -> None:
-        hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id, application_args=ingest_args(job, True),
+        hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id, application_args=job_args(job, True),
                                env_vars=spark_env(), name=f"streamlake:{job.name}")
         started = time.time()
         try:
@@ -123,7 +123,7 @@ def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
     from streamlake.spark.session import spark_submit_command
 
     def run() -> None:
-        cmd = spark_submit_command(INGEST_APPLICATION, ingest_args(job, True), master=master,
+        cmd = spark_submit_command(PIPELINE_APPLICATION, job_args(job, True), master=master,
                                    conf=spark_conf(job), name=f"streamlake:{job.name}")
         started = time.time()
         code = subprocess.call(cmd, env=job_environment())
@@ -138,7 +138,7 @@ def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
 def run_supervised(job: JobSpec, strategy: RestartStrategy, run_once: Callable[[], None]) -> SupervisionResult:
     """Keep the job running under ``strategy`` until it is stopped on request (returns)
     or the strategy gives up (GaveUp)."""
-    control = JobControl(job.checkpoint)
+    control = job.control
     control.stop_file.unlink(missing_ok=True)
     log.info("supervising %s with restart strategy %s", job.name, strategy.describe())
     try:

@@ -1,27 +1,32 @@
 """Savepoints: a job's complete, consistent state at a micro-batch boundary.
 
-Flink's savepoints, for Spark + Delta. A savepoint holds a manifest
-(:class:`SavepointManifest`: each table's Delta version, the Kafka offsets per
-partition as recorded in the table, the job's config and the code version) and
-a copy of the query checkpoint. It is taken with the job paused at a batch
-boundary (:meth:`streamlake.operations.control.JobControl.quiesced`), so the checkpoint copy
-and the table versions describe the same instant.
+Flink's savepoints, for Spark + Delta, covering every stage of the pipeline. A
+savepoint holds a manifest (:class:`SavepointManifest`: each table's Delta
+version and the ``txn`` state it was at - Kafka offsets per partition for
+bronze, the upstream position consumed for silver, quarantine, gold and
+late_events, gold's watermark - plus the job's config and the code version)
+and a copy of every stage's query checkpoint. It is taken with the job paused
+at micro-batch boundaries (:meth:`streamlake.operations.control.JobControl.quiesced`),
+so the checkpoint copies and the table versions describe the same instant.
 
 Restoring rolls every table back to its version *as a new commit* (history is
-kept, time travel still reaches the later versions) with the offsets reset in
-the same atomic commit, and puts the checkpoint copy in place. The job then
-resumes from exactly the savepoint's offsets.
+kept, time travel still reaches the later versions) whose ``txn`` actions reset
+the offsets, positions and watermark to the savepoint's, and puts the checkpoint
+copies in place. The job then resumes from exactly the savepoint's state: the
+``streamlake-delta`` source recognises a restore of its upstream back to the
+version it had consumed and continues after it (see :mod:`streamlake.delta.source`).
 
 Savepoints live in ``$STREAMLAKE_HOME/savepoints/<id>/`` (``manifest.json``,
-``checkpoint/``). The tables' data files of a savepoint's version stay on disk
-while ``vacuum`` retention covers them; restoring after they were vacuumed
-fails with a clear error.
+``checkpoints/<stage>/``). The tables' data files of a savepoint's version stay
+on disk while ``vacuum`` retention covers them; restoring after they were
+vacuumed fails with a clear error.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -32,17 +37,24 @@ from pathlib import Path
 
 from streamlake import __version__, config
 from streamlake.config import savepoints_dir
-from streamlake.pipeline.bronze import ensure_bronze_table
-from streamlake.spark.checkpoint import QueryCheckpoint
-from streamlake.operations.control import JobControl
-from streamlake.delta.table import open_table
-from streamlake.delta.txn import committed_offsets, first_offsets, last_batch_id, offset_transactions
+from streamlake.delta.table import ensure_table, open_table
+from streamlake.delta.txn import (
+    committed_offsets,
+    first_offset_app_id,
+    first_offsets,
+    next_offset_app_id,
+    query_app_id,
+)
 from streamlake.errors import StreamLakeError
-from streamlake.operations.jobs import JobSpec, list_jobs, load_job
 from streamlake.kafka.client import KafkaMetadataClient, client_config
-from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
+from streamlake.kafka.offsets import offsets_from_json, offsets_to_json
+from streamlake.operations.jobs import JobSpec, list_jobs, load_job
+from streamlake.spark.checkpoint import QueryCheckpoint
 
-# Control and run-history files of the job: not part of its state.
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+# Control and run-history files inside a checkpoint: not part of its state.
 _NOT_STATE = {"job.lock", "STOP", "PAUSE", "PAUSED", "state.json", "progress.jsonl"}
 
 
@@ -62,9 +74,13 @@ def code_version() -> str:
 
 @dataclass
 class TableState:
+    """One table at the savepoint: its version and the ``txn`` actions (app id ->
+    version) a restore must reset in the same commit."""
+
     name: str
     path: str
     version: int
+    transactions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,68 +90,109 @@ class SavepointManifest:
     job: str
     job_config: dict
     tables: list[TableState]
-    kafka_offsets: dict  # {"topic": {"partition": next offset}} as recorded in the table
+    kafka_offsets: dict  # {"topic": {"partition": next offset}} as recorded in bronze
     first_offsets: dict
-    query_id: str | None
-    last_batch_id: int | None
+    watermark_ms: int | None  # gold's watermark
+    checkpoints: list[str]  # stages whose checkpoint is copied under checkpoints/
     code_version: str
     job_was_running: bool
-    checkpoint: str = "checkpoint"  # directory of the checkpoint copy, inside the savepoint
     note: str = ""
-    extra: dict = field(default_factory=dict)
+    format: int = FORMAT_VERSION
 
     @property
     def path(self) -> Path:
         return savepoints_dir() / self.id
 
-    def offsets(self) -> Offsets:
+    def offsets(self):
         return offsets_from_json(self.kafka_offsets)
+
+    def table(self, name: str) -> TableState:
+        return next(t for t in self.tables if t.name == name)
+
+    def versions(self) -> dict[str, int]:
+        return {t.name: t.version for t in self.tables}
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SavepointManifest":
+        if data.get("format") != FORMAT_VERSION:
+            raise SavepointError(f"savepoint {data.get('id')} was written by code version "
+                                 f"{data.get('code_version', '?')} in an older format; it cannot be restored "
+                                 f"by this version (dispose it with `streamlake savepoint dispose`)")
         data = dict(data)
         data["tables"] = [TableState(**t) for t in data["tables"]]
         return cls(**data)
 
 
-def _copy_checkpoint(src: Path, dst: Path) -> None:
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        return {n for n in names if n in _NOT_STATE} if Path(directory).name == "streamlake" else set()
-
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy checkpoints, leaving out control and run-history files."""
     if src.exists():
-        shutil.copytree(src, dst, ignore=ignore)
+        shutil.copytree(src, dst, ignore=lambda _d, names: {n for n in names if n in _NOT_STATE})
     else:
         dst.mkdir(parents=True)
 
 
+def managed_transactions(job: JobSpec, name: str, table) -> dict[str, int]:
+    """The ``txn`` actions of ``table`` that the platform reads back: what a restore resets."""
+    from streamlake.pipeline.gold import WATERMARK_APP_ID
+    from streamlake.pipeline.stage import position_app_id
+
+    txns: dict[str, int] = {}
+    stage = {"bronze": "bronze", "silver": "silver", "quarantine": "silver", "gold": "gold",
+             "late_events": "gold"}[name]
+    query_id = QueryCheckpoint(job.checkpoint_path(stage)).query_id()
+    if query_id and table.transaction_version(query_app_id(query_id)) is not None:
+        txns[query_app_id(query_id)] = table.transaction_version(query_app_id(query_id))
+    if name == "bronze":
+        with KafkaMetadataClient(client_config({f"kafka.{k}": v for k, v in job.kafka.items()})) as kafka:
+            tps = kafka.partitions(topics=job.topics)
+        txns.update({next_offset_app_id(tp): off for tp, off in committed_offsets(table, tps).items()})
+        txns.update({first_offset_app_id(tp): off for tp, off in first_offsets(table, tps).items()})
+        return txns
+    upstream = "bronze" if stage == "silver" else "silver"
+    for app_id in (position_app_id(upstream), WATERMARK_APP_ID if name == "gold" else None):
+        if app_id and table.transaction_version(app_id) is not None:
+            txns[app_id] = table.transaction_version(app_id)
+    return txns
+
+
 def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180.0, note: str = "") -> SavepointManifest:
-    """Take a savepoint of ``job`` at a micro-batch boundary; stop the job after it if ``stop``.
+    """Take a savepoint of ``job`` at micro-batch boundaries; stop the job after it if ``stop``.
 
     A running job is paused for the copy and then resumed (or stopped); an idle
     job is kept from starting meanwhile. Raises TimeoutError if the job does not
     reach a boundary in time.
     """
-    control = JobControl(job.checkpoint)
+    from streamlake.pipeline.gold import WATERMARK_APP_ID
+    from streamlake.pipeline.schemas import TABLES
+    from streamlake.pipeline.bronze import BRONZE
+
+    specs = {"bronze": BRONZE, **TABLES}
+    control = job.control
     sp_id = f"sp-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     target = savepoints_dir() / sp_id
     with control.quiesced(timeout_s, stop_after=stop) as paused:
-        table = ensure_bronze_table(job.table)  # a job that never ran: its empty state
+        states = []
+        for name, path in job.tables().items():
+            table = ensure_table(path, specs[name])  # a job that never ran: its empty state
+            states.append(TableState(name, path, table.version(), managed_transactions(job, name, table)))
+        bronze = next(t for t in states if t.name == "bronze")
+        tmp = savepoints_dir() / f".{sp_id}.tmp"
+        _copy_tree(Path(job.checkpoints_dir), tmp / "checkpoints")
         with KafkaMetadataClient(client_config({f"kafka.{k}": v for k, v in job.kafka.items()})) as kafka:
             tps = kafka.partitions(topics=job.topics)
-        ckpt = QueryCheckpoint(job.checkpoint)
-        query_id = ckpt.query_id()
-        tmp = savepoints_dir() / f".{sp_id}.tmp"
-        _copy_checkpoint(Path(job.checkpoint), tmp / "checkpoint")
+        gold = next((t for t in states if t.name == "gold"), None)
         manifest = SavepointManifest(
             id=sp_id, created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            job=job.name, job_config=job.to_dict(),
-            tables=[TableState("bronze", job.table, table.version())],
-            kafka_offsets=offsets_to_json(committed_offsets(table, tps)),
-            first_offsets=offsets_to_json(first_offsets(table, tps)),
-            query_id=query_id, last_batch_id=last_batch_id(table, query_id) if query_id else None,
+            job=job.name, job_config=job.to_dict(), tables=states,
+            kafka_offsets=offsets_to_json({tp: bronze.transactions[next_offset_app_id(tp)] for tp in tps
+                                           if next_offset_app_id(tp) in bronze.transactions}),
+            first_offsets=offsets_to_json({tp: bronze.transactions[first_offset_app_id(tp)] for tp in tps
+                                           if first_offset_app_id(tp) in bronze.transactions}),
+            watermark_ms=gold.transactions.get(WATERMARK_APP_ID) if gold else None,
+            checkpoints=sorted(p.name for p in (tmp / "checkpoints").iterdir() if p.is_dir()),
             code_version=code_version(), job_was_running=paused is not None, note=note,
         )
         (tmp / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
@@ -154,7 +211,11 @@ def list_savepoints(job: str | None = None) -> list[SavepointManifest]:
     """Savepoints, newest first (optionally of one job)."""
     found = []
     for path in savepoints_dir().glob("sp-*/manifest.json"):
-        manifest = SavepointManifest.from_dict(json.loads(path.read_text()))
+        try:
+            manifest = SavepointManifest.from_dict(json.loads(path.read_text()))
+        except (SavepointError, ValueError, TypeError, KeyError) as exc:
+            log.warning("skipping savepoint %s: %s", path.parent.name, exc)
+            continue
         if job is None or manifest.job == job:
             found.append(manifest)
     return sorted(found, key=lambda m: m.id, reverse=True)
@@ -163,7 +224,7 @@ def list_savepoints(job: str | None = None) -> list[SavepointManifest]:
 def jobs_restored_from(savepoint_id: str, running_only: bool = True) -> list[str]:
     out = []
     for name in list_jobs():
-        control = JobControl(load_job(name).checkpoint)
+        control = load_job(name).control
         if control.read_state().get("restored_from") == savepoint_id and (not running_only or control.is_running()):
             out.append(name)
     return out
@@ -171,7 +232,8 @@ def jobs_restored_from(savepoint_id: str, running_only: bool = True) -> list[str
 
 def dispose_savepoint(savepoint_id: str) -> None:
     """Delete a savepoint. Refused (SavepointError) while a running job was restored from it."""
-    load_savepoint(savepoint_id)
+    if not (savepoints_dir() / savepoint_id / "manifest.json").exists():
+        raise SavepointError(f"no savepoint {savepoint_id!r} (see `streamlake savepoint list`)")
     running = jobs_restored_from(savepoint_id)
     if running:
         raise SavepointError(
@@ -182,31 +244,34 @@ def dispose_savepoint(savepoint_id: str) -> None:
 
 
 def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
-    """Put the savepoint's job back to the savepoint: tables, offsets and checkpoint.
+    """Put the savepoint's job back to the savepoint: every table, its ``txn`` state and
+    every stage's checkpoint.
 
-    Stops the job if it runs. Each table is restored to its savepoint version
-    as a new commit that also resets the Kafka offsets (``txn``) to the
-    savepoint's; the job's checkpoint is replaced by the savepoint's copy. The
-    job is not restarted here (the caller decides how: DAG, CLI). Returns what
-    was done. Raises SavepointError if a table's files are gone (vacuumed).
+    Stops the job if it runs. Each table is restored to its savepoint version as
+    a new commit whose ``txn`` actions reset offsets, positions and watermark to
+    the savepoint's (Delta's restore alone keeps the newest ``txn`` versions); the
+    job's checkpoints are replaced by the savepoint's copies. The job is not
+    restarted here (the caller decides how: DAG, CLI). Returns what was done.
+    Raises SavepointError if a table's files are gone (vacuumed). Interrupted
+    half-way (the process killed), running it again completes it.
     """
-    from deltalake.transaction import CommitProperties
+    from deltalake.transaction import CommitProperties, Transaction
 
     manifest = load_savepoint(savepoint_id)
     job = load_job(manifest.job)
-    control = JobControl(job.checkpoint)
+    control = job.control
     was_running = control.is_running()
     if was_running:
         control.request_stop()
         control.wait_stopped(timeout_s)
     restored = []
     with control.running(timeout_s):
-        txns = offset_transactions(offsets_from_json(manifest.kafka_offsets), offsets_from_json(manifest.first_offsets),
-                                   manifest.query_id, manifest.last_batch_id)
         for state in manifest.tables:
             table = open_table(state.path)
-            properties = CommitProperties(app_transactions=txns, custom_metadata={
-                "streamlake": {"operation": "restore", "savepoint": savepoint_id, "toVersion": state.version}})
+            properties = CommitProperties(
+                app_transactions=[Transaction(app, v) for app, v in sorted(state.transactions.items())],
+                custom_metadata={"streamlake": {"operation": "restore", "savepoint": savepoint_id,
+                                                "toVersion": state.version}})
             if table.version() == state.version:
                 table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
             else:
@@ -214,19 +279,17 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
                     table.restore(state.version, commit_properties=properties)
                 except Exception as exc:  # noqa: BLE001 - delta-rs raises generic errors for missing files
                     raise SavepointError(f"cannot restore {state.path} to version {state.version}: {exc}") from exc
-            restored.append({"table": state.path, "restored_to": state.version,
+            restored.append({"table": state.name, "path": state.path, "restored_to": state.version,
                              "new_version": open_table(state.path).version()})
-        # Swap in the savepoint's checkpoint atomically (rename), carrying the lock
-        # file we hold (same inode) so the job cannot start until we are done.
-        checkpoint = Path(job.checkpoint)
-        staged = checkpoint.with_name(checkpoint.name + f".restoring-{uuid.uuid4().hex[:6]}")
-        _copy_checkpoint(manifest.path / manifest.checkpoint, staged)
-        (staged / "streamlake").mkdir(exist_ok=True)
-        os.replace(control.lock_file, staged / "streamlake" / "job.lock")
-        old = checkpoint.with_name(checkpoint.name + f".replaced-{uuid.uuid4().hex[:6]}")
-        checkpoint.rename(old)
-        staged.rename(checkpoint)
+        # Swap in the savepoint's checkpoints with directory renames while holding the job lock.
+        checkpoints = Path(job.checkpoints_dir)
+        staged = checkpoints.with_name(checkpoints.name + f".restoring-{uuid.uuid4().hex[:6]}")
+        _copy_tree(manifest.path / "checkpoints", staged)
+        old = checkpoints.with_name(checkpoints.name + f".replaced-{uuid.uuid4().hex[:6]}")
+        if checkpoints.exists():
+            checkpoints.rename(old)
+        staged.rename(checkpoints)
         shutil.rmtree(old, ignore_errors=True)
         control.write_state(restored_from=savepoint_id, restored_at=time.time())
     return {"savepoint": savepoint_id, "job": job.name, "job_was_running": was_running, "tables": restored,
-            "offsets": manifest.kafka_offsets}
+            "offsets": manifest.kafka_offsets, "versions": manifest.versions(), "watermark_ms": manifest.watermark_ms}

@@ -7,8 +7,11 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 
-class JobIngestOperator(SparkSubmitOperator):
-    """Run a job's bronze ingest once with the available-now trigger, via spark-submit.
+class JobRunOperator(SparkSubmitOperator):
+    """Run a job's pipeline once with available-now triggers, via spark-submit.
+
+    Every stage (bronze ingest, silver, gold, as the job defines) catches up
+    with what Kafka holds when the run starts, then the run ends.
 
     Everything spark-submit needs (application, arguments, Spark properties for
     the job's resources, environment) comes from the job spec
@@ -23,23 +26,23 @@ class JobIngestOperator(SparkSubmitOperator):
     ui_color = "#e4f0e8"
 
     def __init__(self, *, job_name: str, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
-        kwargs.setdefault("name", "streamlake-ingest")
+        kwargs.setdefault("name", "streamlake-pipeline")
         super().__init__(application="(set from the job spec at run time)", conn_id=spark_conn_id, **kwargs)
         self.job_name = job_name
         self.spark_conn_id = spark_conn_id
 
     def execute(self, context) -> None:
         from streamlake.operations.jobs import load_job
-        from streamlake.operations.runner import application, ingest_args, spark_conf, spark_env
+        from streamlake.operations.runner import application, job_args, spark_conf, spark_env
 
         job = load_job(self.job_name)
         self.application = application()
-        self.application_args = ingest_args(job, continuous=False)
+        self.application_args = job_args(job, continuous=False)
         self.conf = spark_conf(job)
         self.env_vars = spark_env()
         self.name = f"streamlake:{job.name}"
         self._conn_id = self.spark_conn_id
         self._hook = None
-        self.log.info("job %s: %s -> %s via connection %s, resources %s", job.name, ",".join(job.topics),
-                      job.table, self.spark_conn_id, job.spark_conf() or "defaults")
+        self.log.info("job %s: %s -> %s under %s via connection %s, resources %s", job.name, ",".join(job.topics),
+                      " -> ".join(job.stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
         super().execute(context)

@@ -60,12 +60,13 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
 
     manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
-                                             "tables": [t.__dict__ for t in manifest.tables],
+                                             "versions": manifest.versions(), "watermark_ms": manifest.watermark_ms,
                                              "offsets": manifest.kafka_offsets, **_context()})
-    log.info("savepoint %s: tables %s, offsets %s", manifest.id, manifest.tables, manifest.kafka_offsets)
+    log.info("savepoint %s: table versions %s, offsets %s, watermark %s", manifest.id, manifest.versions(),
+             manifest.kafka_offsets, manifest.watermark_ms)
     return {"id": manifest.id, "job": manifest.job, "offsets": manifest.kafka_offsets,
-            "version": manifest.tables[0].version, "job_was_running": manifest.job_was_running,
-            "mode": job_mode(job_name)}
+            "version": manifest.table("bronze").version, "versions": manifest.versions(),
+            "job_was_running": manifest.job_was_running, "mode": job_mode(job_name)}
 
 
 def restore(savepoint_id: str) -> dict:
@@ -81,14 +82,14 @@ def restore(savepoint_id: str) -> dict:
 
 def job_mode(job_name: str) -> str | None:
     """How the job last ran: "continuous", "available-now", or None if never."""
-    from streamlake.operations.control import JobControl
     from streamlake.operations.jobs import load_job
 
-    return JobControl(load_job(job_name).checkpoint).read_state().get("mode")
+    return load_job(job_name).control.read_state().get("mode")
 
 
 def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int | None, executor_cores: int | None,
-                  min_partitions: int | None, max_offsets_per_trigger: int | None) -> dict:
+                  min_partitions: int | None, max_offsets_per_trigger: int | None,
+                  gold_partitions: int | None = None) -> dict:
     """Write the new resources into the job spec; returns before/after settings."""
     from dataclasses import replace
 
@@ -98,7 +99,7 @@ def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int |
     before = job.to_dict()
     changes = {"spark_conn_id": spark_conn_id, "total_executor_cores": total_executor_cores,
                "executor_cores": executor_cores, "min_partitions": min_partitions,
-               "max_offsets_per_trigger": max_offsets_per_trigger}
+               "max_offsets_per_trigger": max_offsets_per_trigger, "gold_partitions": gold_partitions}
     job = save_job(replace(job, **{k: v for k, v in changes.items() if v not in (None, "", 0)}))
     keys = list(changes)
     return {"before": {k: before[k] for k in keys}, "after": {k: job.to_dict()[k] for k in keys}}
@@ -106,24 +107,22 @@ def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int |
 
 def progress_mark(job_name: str) -> int:
     """Number of progress lines the job has written so far (to measure what follows)."""
-    from streamlake.pipeline.ingest import progress_file
     from streamlake.operations.jobs import load_job
 
-    path = progress_file(load_job(job_name).checkpoint)
+    path = load_job(job_name).control.progress_file
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, last: int = 5) -> dict:
-    """Median processed rows/s over the last ``last`` non-empty micro-batches in a
+    """Median processed rows/s over the last ``last`` non-empty bronze micro-batches in a
     window of the job's progress log."""
     import json
 
-    from streamlake.pipeline.ingest import progress_file
     from streamlake.operations.jobs import load_job
 
-    path = progress_file(load_job(job_name).checkpoint)
+    path = load_job(job_name).control.progress_file
     lines = path.read_text().splitlines()[start_line:end_line] if path.exists() else []
-    batches = [json.loads(line) for line in lines]
+    batches = [b for b in map(json.loads, lines) if b.get("stage", "bronze") == "bronze"]
     rates = [b["processedRowsPerSecond"] for b in batches if b.get("numInputRows")][-last:]
     return {"batches": len(rates), "rows_per_second": round(statistics.median(rates), 1) if rates else None,
             "rows": sum(b.get("numInputRows", 0) for b in batches)}

@@ -10,22 +10,23 @@ the tests. Start-up decides where a *new* query starts reading:
 and records that start in the checkpoint (:mod:`streamlake.spark.checkpoint`). An
 existing checkpoint is resumed as is; the sink reconciles it with the table.
 
-A running job stops or pauses at a micro-batch boundary on request (see
-:mod:`streamlake.operations.control`); the CLI asks for a stop on Ctrl-C/SIGTERM.
+As a pipeline stage (:class:`BronzeStage`) it runs under
+:func:`streamlake.pipeline.driver.run_stages`, which stops or pauses it at a
+micro-batch boundary on request (:mod:`streamlake.operations.control`); the
+CLI asks for a stop on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from streamlake.errors import InvalidOptionError
 from streamlake.pipeline import bronze
+from streamlake.pipeline.driver import run_stages
 from streamlake.spark.checkpoint import QueryCheckpoint
 from streamlake.operations.control import JobControl
 from streamlake.delta.sink import DeltaKafkaSink
@@ -77,12 +78,13 @@ class IngestConfig:
 
 
 def progress_file(checkpoint: str | Path) -> Path:
-    return Path(checkpoint) / "streamlake" / "progress.jsonl"
+    """Progress lines of a bare ingest (``streamlake ingest``), kept in its checkpoint."""
+    return JobControl.for_checkpoint(checkpoint).progress_file
 
 
 def request_stop(checkpoint: str | Path) -> None:
-    """Ask the job using ``checkpoint`` to stop at its next micro-batch boundary."""
-    JobControl(checkpoint).request_stop()
+    """Ask the bare ingest using ``checkpoint`` to stop at its next micro-batch boundary."""
+    JobControl.for_checkpoint(checkpoint).request_stop()
 
 
 def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint) -> Offsets | None:
@@ -151,6 +153,23 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     return IngestRun(writer.start(), sink, cfg)
 
 
+@dataclass
+class BronzeStage:
+    """The bronze ingest as a pipeline stage (see :mod:`streamlake.pipeline.driver`)."""
+
+    cfg: IngestConfig
+    name: str = "bronze"
+
+    def start(self, spark, available_now: bool):
+        from dataclasses import replace
+
+        from streamlake.pipeline.driver import RunningQuery
+
+        cfg = replace(self.cfg, processing_time_s=None) if available_now else self.cfg
+        run = start_ingest(spark, cfg)
+        return RunningQuery(self.name, run.query, lambda p: batch_progress(p, run.sink))
+
+
 def _progress_offsets(value) -> Offsets:
     """Offsets from a progress report field: a JSON string, a dict, "null" or absent."""
     if isinstance(value, str):
@@ -187,101 +206,23 @@ def format_progress(p: dict) -> str:
 
 def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0,
                mode: str | None = None) -> dict:
-    """Run the ingest job until it ends (available-now) or is stopped.
-
-    Holds the job lock for its whole life and obeys the control files (see
-    :mod:`streamlake.operations.control`): STOP ends the job at a micro-batch boundary,
-    PAUSE stops the query at a boundary and starts it again once PAUSE is gone.
-    Progress of every micro-batch goes to ``report`` and, as JSON lines, to
-    ``<checkpoint>/streamlake/progress.jsonl``. Returns a summary; re-raises the
-    query's failure (see :func:`describe_failure` for a readable message).
-    """
-    control = JobControl(cfg.checkpoint)
-    progress_path = progress_file(cfg.checkpoint)
-    started = time.monotonic()
-    totals = {"batches": 0, "rows": 0}
-    launched = time.time()
-    with control.running():
-        control.clear_requests(older_than=launched)  # leftovers of earlier runs, not requests made now
-        control.write_state(mode=mode or ("available-now" if cfg.available_now else "continuous"),
-                            pid=os.getpid(), started_at=time.time(), query_name=cfg.query_name)
-        stopped = False
-        while True:
-            run = start_ingest(spark, cfg)
-            outcome = _follow(run, control, progress_path, report, poll_s, totals)
-            if outcome != "paused":
-                stopped = outcome == "stopped"
-                break
-            result = run.sink.last_result
-            control.mark_paused({"paused_at": time.time(), "last_batch": result.batch_id if result else None})
-            report("paused at a micro-batch boundary")
-            while control.pause_requested() and not control.stop_requested():
-                time.sleep(0.2)
-            control.clear_paused()
-            if control.stop_requested():
-                stopped = True
-                break
-            report("resuming")
-        control.clear_requests()
-    return {**totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
+    """Run a bare bronze ingest (``streamlake ingest``) until it ends (available-now) or is
+    stopped, under the control files in ``<checkpoint>/streamlake``; see
+    :func:`streamlake.pipeline.driver.run_stages` for the guarantees and the summary."""
+    return run_stages(spark, [BronzeStage(cfg)], JobControl.for_checkpoint(cfg.checkpoint),
+                      available_now=cfg.available_now, report=report, poll_s=poll_s, mode=mode,
+                      query_name=cfg.query_name)
 
 
-def _follow(run: "IngestRun", control: JobControl, progress_path: Path, report: Callable[[str], None],
-            poll_s: float, totals: dict) -> str:
-    """Report progress until the query ends; "finished", "stopped" or "paused"."""
-    query = run.query
-    progress_path.parent.mkdir(parents=True, exist_ok=True)
-    last_batch = None
-
-    def drain_progress() -> None:
-        nonlocal last_batch
-        for p in query.recentProgress:
-            if last_batch is not None and p["batchId"] <= last_batch:
-                continue
-            last_batch = p["batchId"]
-            try:
-                line = batch_progress(p, run.sink)
-            except Exception:  # noqa: BLE001 - reporting must never stop ingestion
-                log.exception("could not report progress of batch %s", p.get("batchId"))
-                continue
-            totals["batches"] += 1
-            totals["rows"] += line["numInputRows"]
-            with progress_path.open("a") as fh:
-                fh.write(json.dumps(line) + "\n")
-            report(format_progress(line))
-
-    outcome = "finished"
-    try:
-        while query.isActive:
-            query.awaitTermination(poll_s)
-            drain_progress()
-            request = "stopped" if control.stop_requested() else "paused" if control.pause_requested() else None
-            if request:
-                outcome = request
-                report(f"{'stop' if request == 'stopped' else 'pause'} requested: finishing the current micro-batch")
-                while query.isActive and query.status.get("isTriggerActive"):
-                    time.sleep(0.1)
-                query.stop()
-    finally:
-        if query.isActive:  # interrupted (e.g. KeyboardInterrupt): never leave a query running
-            query.stop()
-    drain_progress()
-    if query.exception() is not None:
-        raise query.exception()
-    return outcome
-
-
-_ERROR_LINE = re.compile(r"streamlake\.errors\.(\w+): (.+)")
-
-
-def describe_failure(exc: BaseException) -> str:
-    """The platform error inside a (Py4J/streaming) exception, else its first line."""
-    text = str(exc)
-    found = _ERROR_LINE.findall(text)
-    if found:
-        name, message = found[-1]
-        return f"{name}: {message.strip()}"
-    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+def parse_kafka_options(items) -> dict[str, str]:
+    """``KEY=VALUE`` flags as librdkafka properties (a ``kafka.`` prefix is allowed)."""
+    kafka: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidOptionError(f"--kafka-option expects KEY=VALUE, got {item!r}")
+        kafka[key.removeprefix("kafka.")] = value
+    return kafka
 
 
 def add_ingest_arguments(parser) -> None:
@@ -311,16 +252,8 @@ def add_ingest_arguments(parser) -> None:
 
 def config_from_args(args) -> IngestConfig:
     """IngestConfig from parsed flags. Raises InvalidOptionError for bad combinations."""
-    from streamlake.errors import InvalidOptionError
-
     if bool(args.topic) == bool(args.topic_pattern):
         raise InvalidOptionError("give exactly one of --topic or --topic-pattern")
-    kafka: dict[str, str] = {}
-    for item in args.kafka_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidOptionError(f"--kafka-option expects KEY=VALUE, got {item!r}")
-        kafka[key.removeprefix("kafka.")] = value
     return IngestConfig(
         table=str(Path(args.table).absolute()),
         checkpoint=str(Path(args.checkpoint).absolute()),
@@ -332,7 +265,7 @@ def config_from_args(args) -> IngestConfig:
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         min_partitions=args.min_partitions,
         fail_on_data_loss=args.fail_on_data_loss == "true",
-        kafka=kafka,
+        kafka=parse_kafka_options(args.kafka_option),
         query_name=args.query_name,
     )
 

@@ -8,10 +8,11 @@ the ones Spark planned, including offsets without records (transaction
 markers). Format: ``v1``, one line of batch metadata, then one JSON line per
 source; queries built by :mod:`streamlake.pipeline.ingest` have exactly one source.
 
-``streamlake/initial-offsets.json`` is ours: the resolved start offsets of a new
-query, written once before the query starts, so a query restarted before its
-first batch committed re-runs that batch from the same start (as Spark's own
-Kafka source does with its initial-offset log).
+``streamlake/initial-offsets.json`` (Kafka sources) and
+``streamlake/initial-position.json`` (Delta sources) are ours: the resolved
+start of a new query, written once before the query starts, so a query
+restarted before its first batch committed re-runs that batch from the same
+start (as Spark's own Kafka source does with its initial-offset log).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class QueryCheckpoint:
     def has_offsets(self) -> bool:
         return bool(self.offset_batches())
 
-    def batch_end(self, batch_id: int) -> tuple[Offsets, int]:
-        """End offsets of a planned batch and its batch timestamp (epoch ms).
+    def batch_entry(self, batch_id: int) -> tuple[dict, dict]:
+        """The source's end offset (parsed JSON) of a planned batch, and the batch metadata
+        (``batchTimestampMs``, ``batchWatermarkMs``, ``conf``).
 
         Raises FileNotFoundError if Spark has not planned that batch, and
         CheckpointFormatError if the entry is not a single-source v1 entry.
@@ -71,8 +73,13 @@ class QueryCheckpoint:
             raise CheckpointFormatError(f"{entry}: unsupported offset log version {lines[:1]}")
         if len(lines) != 3:
             raise CheckpointFormatError(f"{entry}: expected exactly one source, found {len(lines) - 2}")
-        meta = json.loads(lines[1])
-        return offsets_from_json(lines[2], f"{entry}"), int(meta.get("batchTimestampMs", 0))
+        return json.loads(lines[2]), json.loads(lines[1])
+
+    def batch_end(self, batch_id: int) -> tuple[Offsets, int]:
+        """End Kafka offsets of a planned batch and its batch timestamp (epoch ms)."""
+        offsets, meta = self.batch_entry(batch_id)
+        return offsets_from_json(offsets, str(self.path / "offsets" / str(batch_id))), \
+            int(meta.get("batchTimestampMs", 0))
 
     def batch_start(self, batch_id: int) -> Offsets | None:
         """Start offsets of a batch: the previous batch's end, or the initial offsets."""
@@ -91,8 +98,26 @@ class QueryCheckpoint:
 
     def save_initial_offsets(self, offsets: Offsets) -> None:
         """Write the initial offsets atomically (temp file + rename)."""
-        target = self.initial_offsets_file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(offsets_to_json(offsets), sort_keys=True))
-        os.replace(tmp, target)
+        _write_atomically(self.initial_offsets_file, offsets_to_json(offsets))
+
+    @property
+    def initial_position_file(self) -> Path:
+        return self.path / "streamlake" / "initial-position.json"
+
+    def initial_position(self) -> dict | None:
+        """The start offset of a Delta-fed query (None: from the upstream's beginning)."""
+        try:
+            return json.loads(self.initial_position_file.read_text())
+        except FileNotFoundError:
+            return None
+
+    def save_initial_position(self, offset: dict | None) -> None:
+        _write_atomically(self.initial_position_file, offset)
+
+
+def _write_atomically(target: Path, obj) -> None:
+    """JSON to ``target`` through a temp file and a rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, target)

@@ -1,0 +1,203 @@
+"""Running a job's stages as streaming queries in one Spark driver, under job control.
+
+Each stage (bronze ingest, silver, gold) is its own streaming query with its
+own checkpoint; they are chained through their Delta tables. The driver:
+
+* **available-now** runs the stages one after the other, each until it has
+  drained what its upstream held when it started, so when it returns every
+  stage has caught up with what Kafka held at the start;
+* **continuous** (processing-time triggers) runs all stages at once until
+  stopped.
+
+It holds the job lock for its whole life and obeys the control files
+(:mod:`streamlake.operations.control`): STOP ends the job at micro-batch
+boundaries; PAUSE stops every running query at a micro-batch boundary,
+reports PAUSED and starts them again once PAUSE is gone (savepoints use this).
+Progress of every micro-batch of every stage goes to ``report`` and, as JSON
+lines with a ``stage`` field, to the control directory's ``progress.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from streamlake.operations.control import JobControl
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningQuery:
+    """A started stage: its streaming query and how to turn Spark's progress into a line."""
+
+    stage: str
+    query: object
+    progress_line: Callable[[dict], dict]
+
+
+class Stage(Protocol):
+    name: str
+
+    def start(self, spark, available_now: bool) -> RunningQuery:
+        """Start the stage's query (available-now, or its processing-time trigger)."""
+
+
+def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available_now: bool,
+               report: Callable[[str], None] = print, poll_s: float = 1.0, mode: str | None = None,
+               query_name: str = "") -> dict:
+    """Run ``stages`` until they end (available-now) or are stopped; see the module docstring.
+
+    Returns a summary (batches and rows per stage, seconds, whether stopped).
+    Re-raises the first query failure after stopping the other queries."""
+    started = time.monotonic()
+    totals = {stage.name: {"batches": 0, "rows": 0} for stage in stages}
+    launched = time.time()
+    with control.running():
+        control.clear_requests(older_than=launched)  # leftovers of earlier runs, not requests made now
+        control.write_state(mode=mode or ("available-now" if available_now else "continuous"),
+                            pid=os.getpid(), started_at=time.time(), query_name=query_name,
+                            stages=[s.name for s in stages])
+        follower = _Follower(control, report, poll_s, totals)
+        stopped = False
+        pending = list(stages)
+        while pending:
+            group = pending[:1] if available_now else pending
+            outcome = follower.follow([stage.start(spark, available_now) for stage in group])
+            if outcome == "finished":
+                pending = pending[len(group):]
+                continue
+            if outcome == "stopped":
+                stopped = True
+                break
+            control.mark_paused({"paused_at": time.time(), "stages": [s.name for s in group]})
+            report("paused at a micro-batch boundary")
+            while control.pause_requested() and not control.stop_requested():
+                time.sleep(0.2)
+            control.clear_paused()
+            if control.stop_requested():
+                stopped = True
+                break
+            report("resuming")
+        control.clear_requests()
+    rows = {name: t["rows"] for name, t in totals.items()}
+    return {"batches": sum(t["batches"] for t in totals.values()), "rows": next(iter(rows.values()), 0),
+            "stages": totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
+
+
+class _Follower:
+    """Reports progress of running queries and handles stop/pause requests."""
+
+    def __init__(self, control: JobControl, report: Callable[[str], None], poll_s: float, totals: dict):
+        self.control, self.report, self.poll_s, self.totals = control, report, poll_s, totals
+        self.progress_path = control.progress_file
+        self.progress_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def follow(self, running: list[RunningQuery]) -> str:
+        """Until every query ended: "finished", "stopped" or "paused"."""
+        seen: dict[str, int] = {}
+        outcome = "finished"
+        try:
+            while any(r.query.isActive for r in running):
+                for r in running:
+                    if r.query.isActive:
+                        r.query.awaitTermination(self.poll_s / len(running))
+                    if r.query.exception() is not None:
+                        raise r.query.exception()
+                self._drain(running, seen)
+                request = "stopped" if self.control.stop_requested() else \
+                    "paused" if self.control.pause_requested() else None
+                if request:
+                    outcome = request
+                    self.report(f"{'stop' if request == 'stopped' else 'pause'} requested: finishing the "
+                                "current micro-batch")
+                    for r in running:
+                        stop_at_boundary(r.query)
+        finally:
+            for r in running:  # a failure or an interrupt: never leave a query running
+                if r.query.isActive:
+                    r.query.stop()
+        self._drain(running, seen)
+        for r in running:
+            if r.query.exception() is not None:
+                raise r.query.exception()
+        return outcome
+
+    def _drain(self, running: list[RunningQuery], seen: dict[str, int]) -> None:
+        for r in running:
+            for p in r.query.recentProgress:
+                if p["batchId"] <= seen.get(r.stage, -1):
+                    continue
+                seen[r.stage] = p["batchId"]
+                try:
+                    line = {"stage": r.stage, **r.progress_line(p)}
+                except Exception:  # noqa: BLE001 - reporting must never stop the job
+                    log.exception("could not report progress of %s batch %s", r.stage, p.get("batchId"))
+                    continue
+                self.totals[r.stage]["batches"] += 1
+                self.totals[r.stage]["rows"] += line.get("numInputRows", 0)
+                with self.progress_path.open("a") as fh:
+                    fh.write(json.dumps(line, default=str) + "\n")
+                self.report(format_line(line))
+
+
+def stop_at_boundary(query) -> None:
+    """Stop ``query`` between two micro-batches: wait for the running one, then stop."""
+    while query.isActive and query.status.get("isTriggerActive"):
+        time.sleep(0.05)
+    query.stop()
+
+
+_PLAIN_KEYS = {"stage", "batchId", "timestamp", "numInputRows", "processedRowsPerSecond", "durationMs", "endOffset"}
+
+
+def format_line(line: dict) -> str:
+    """One progress line (as written to progress.jsonl) for people: stage, batch, rows, and
+    the stage's own counts (lag for bronze; quarantined/duplicates, late/watermark downstream)."""
+    stage = line.get("stage", "bronze")
+    if stage == "bronze":
+        from streamlake.pipeline.ingest import format_progress
+
+        return f"bronze {format_progress(line)}"
+    extra = ", ".join(f"{k} {v}" for k, v in line.items() if k not in _PLAIN_KEYS)
+    return (f"{stage} batch {line['batchId']}: {line['numInputRows']} rows, "
+            f"{line.get('processedRowsPerSecond') or 0:,.0f} rows/s" + (f", {extra}" if extra else ""))
+
+
+def read_progress(control: JobControl, stage: str | None = None) -> list[dict]:
+    """The job's progress lines (optionally of one stage), oldest first."""
+    path = control.progress_file
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if stage is None or line.get("stage", "bronze") == stage]
+
+
+# "streamlake.delta.log.ChangeCommitError: ..." as Py4J and Python workers print it.
+_ERROR_LINE = re.compile(r"streamlake\.(?:\w+\.)*?(\w+(?:Error|GaveUp)): (.+)")
+
+
+def platform_error(message: str) -> bool:
+    """True if a :func:`describe_failure` message names one of the platform's own errors."""
+    from streamlake.errors import StreamLakeError
+
+    def names(cls: type) -> set[str]:
+        return {cls.__name__}.union(*(names(sub) for sub in cls.__subclasses__()))
+
+    return message.split(":")[0] in names(StreamLakeError)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The platform error inside a (Py4J/streaming) exception, else its first line."""
+    text = str(exc)
+    found = _ERROR_LINE.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+

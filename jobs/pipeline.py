@@ -1,0 +1,58 @@
+"""spark-submit entrypoint: the pipeline, Kafka -> bronze -> silver -> gold, exactly once.
+
+    spark-submit --master local[*] jobs/pipeline.py --topic sensors --root /data/sensors \
+        --available-now [--window tumbling:1m --allowed-lateness 30s]
+
+Usually started by ``streamlake pipeline run``, a named job (``streamlake job
+run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
+a platform error (bad option, unknown topic, data loss, offset or position
+gap, change commit upstream), 1 for anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from streamlake.errors import StreamLakeError
+from streamlake.operations.control import JobControl
+from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
+from streamlake.pipeline.driver import describe_failure, platform_error, run_stages
+from streamlake.spark.session import get_spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n")[0])
+    add_pipeline_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        cfg = config_from_args(args)
+    except StreamLakeError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    control = JobControl(cfg.control_dir)
+    spark = get_spark(f"pipeline:{cfg.query_name}")
+    print(f"pipeline: {cfg.describe()}", flush=True)
+    try:
+        summary = run_stages(spark, cfg.build_stages(), control, available_now=cfg.available_now,
+                             report=lambda line: print(line, flush=True), query_name=cfg.query_name)
+    except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status
+        message = describe_failure(exc)
+        print(f"ERROR: {message}", file=sys.stderr, flush=True)
+        control.write_state(last_failure={"at": time.time(), "message": message})
+        return 2 if platform_error(message) else 1
+    finally:
+        spark.stop()
+    per_stage = ", ".join(f"{name} {t['rows']} rows in {t['batches']} micro-batches"
+                          for name, t in summary["stages"].items())
+    print(f"pipeline finished: {per_stage}; {summary['seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
