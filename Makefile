@@ -26,6 +26,7 @@ stop:
 
 bench: setup
 	$(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/check_bench.py
 
 # Re-resolve the full lock after changing requirements.txt.
 lock:

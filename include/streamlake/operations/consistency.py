@@ -5,24 +5,65 @@ optional expectation about the offsets the table must hold (after a restore:
 exactly the savepoint's). Every check is appended to the platform table
 ``consistency_checks`` (:mod:`streamlake.operations.records`): operation, time,
 table, Delta version, counts and verdict, so the history of proofs is itself data.
+
+**Incremental by default.** A passing check records what it proved in the ledger
+(:mod:`streamlake.operations.ledger`). The next check starts from the newest
+proof at or before the version it checks and reads the Delta log since:
+
+* a partition whose proven rows no commit removed is audited *incrementally*:
+  every row the commits since added (whatever its offset) is compared with Kafka's
+  records from the proven end on, or, when it lands in the proven range, with the
+  proven row at its offset (a copy is a duplicate, a row where none was proven is
+  extra); Kafka is read only from the proven end;
+* a partition whose proven rows a commit removed or rewrote (compaction, delete,
+  overwrite, an unknown writer), whose first offset moved or whose committed
+  offsets went back is audited *in full*, as is everything when there is no proof
+  or the log since it cannot be read, and with ``full=True``.
+
+**Past Kafka's retention.** Where Kafka no longer holds part of a committed range,
+a part some check proved passes, and the summary says so ("proven at version V on
+DATE; Kafka no longer holds them"); a full audit compares those rows with the
+proven version's rows. A part that no check ever proved fails: nothing can
+verify it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import pyarrow as pa
 
-from streamlake.operations.audit import AuditReport, audit_offsets
-from streamlake.delta.table import TableSpec
+from streamlake.delta.table import TableSpec, open_table, table_exists
+from streamlake.delta.txn import committed_offsets, first_offsets
 from streamlake.errors import StreamLakeError
-from streamlake.operations.jobs import JobSpec
+from streamlake.kafka.client import client_config
 from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
-from streamlake.operations.records import append_row, read_rows
+from streamlake.operations import audit as audit_mod
+from streamlake.operations import ledger
+from streamlake.operations.audit import (
+    KAFKA,
+    NONE,
+    PROVEN,
+    SNAPSHOT,
+    UNVERIFIED,
+    AuditReport,
+    FileInfo,
+    PartitionAudit,
+    Segment,
+    audit_partition,
+    partitions_in_files,
+    snapshot_index,
+)
+from streamlake.operations.jobs import JobSpec
+from streamlake.operations.records import append_row, platform_table_path, read_rows
+
+log = logging.getLogger(__name__)
 
 RESULTS = TableSpec(
     name="consistency_checks",
@@ -33,9 +74,16 @@ RESULTS = TableSpec(
         ("missing", pa.int64()), ("duplicated", pa.int64()), ("extra", pa.int64()), ("mismatched", pa.int64()),
         ("offsets_expected", pa.string()), ("offsets_match", pa.bool_()),
         ("verdict", pa.string()), ("summary", pa.string()), ("context", pa.string()),
+        # added with incremental checks (older tables get them on their next check; older rows read as null)
+        ("mode", pa.string()), ("proof_version", pa.int64()), ("kafka_records_read", pa.int64()),
+        ("table_rows_read", pa.int64()), ("duration_s", pa.float64()),
+        # added with the pipeline: "kafka-audit" (bronze against Kafka), "gold" (gold against a
+        # recompute from silver), "pipeline-accounting" (every bronze row once downstream)
+        ("kind", pa.string()),
     ]),
     description="every consistency check the platform ran",
 )
+_DELTA_TYPES = {pa.string(): "string", pa.int64(): "long", pa.float64(): "double", pa.bool_(): "boolean"}
 
 
 class ConsistencyError(StreamLakeError):
@@ -51,11 +99,15 @@ class CheckResult:
     summary: str
     report: AuditReport = field(repr=False)
     offsets_match: bool | None = None
+    mode: str = "full"
+    proof_version: int | None = None  # the proof an incremental check started from
+    duration_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {"check_id": self.check_id, "operation": self.operation, "job": self.job, "passed": self.passed,
                 "summary": self.summary, "offsets_match": self.offsets_match, **self.report.totals(),
-                "delta_version": self.report.delta_version}
+                "delta_version": self.report.delta_version, "mode": self.mode, "proof_version": self.proof_version,
+                **self.report.read_totals(), "duration_s": self.duration_s}
 
 
 def _offsets_mismatch(report: AuditReport, expected: Mapping[TopicPartition, int]) -> list[str]:
@@ -66,14 +118,17 @@ def _offsets_mismatch(report: AuditReport, expected: Mapping[TopicPartition, int
 
 def check_consistency(job: JobSpec, operation: str, *, expected_offsets: Offsets | None = None,
                       version: int | None = None, context: Mapping | None = None,
-                      record: bool = True) -> CheckResult:
+                      record: bool = True, full: bool = False) -> CheckResult:
     """Audit the job's table (latest or ``version``) and record the result.
 
+    Incremental from the newest proof unless ``full`` (see the module docstring).
     Passes when the table is exactly once and, if ``expected_offsets`` is given,
-    its committed offsets are exactly those. Raises what the audit raises when
-    the check cannot run (Kafka down, table missing).
+    its committed offsets are exactly those. A passing audit is recorded as a proof
+    (with ``record``). Raises what the audit raises when the check cannot run
+    (Kafka down, table missing).
     """
-    report = audit_offsets(job.table, job.topics, job.kafka, version=version)
+    started = time.monotonic()
+    report, base = audit_job(job, version=version, full=full)
     mismatch = _offsets_mismatch(report, expected_offsets) if expected_offsets is not None else []
     passed = report.exactly_once and not mismatch
     summary = f"[{operation}] job {job.name}: " + report.summary()
@@ -81,9 +136,15 @@ def check_consistency(job: JobSpec, operation: str, *, expected_offsets: Offsets
         summary += ("\n  offsets match the expected ones" if not mismatch
                     else "\n  OFFSETS DIFFER from the expected ones: " + "; ".join(mismatch))
     result = CheckResult(f"chk-{uuid.uuid4().hex[:12]}", operation, job.name, passed, summary, report,
-                         None if expected_offsets is None else not mismatch)
+                         None if expected_offsets is None else not mismatch, report.mode,
+                         base.version if base is not None and report.mode == "incremental" else None)
     if record:
+        if report.exactly_once:
+            _record_proof(result, job)
+        result.duration_s = round(time.monotonic() - started, 3)
         _record(result, job, expected_offsets, context)
+    else:
+        result.duration_s = round(time.monotonic() - started, 3)
     return result
 
 
@@ -95,8 +156,243 @@ def require_consistent(job: JobSpec, operation: str, **kwargs) -> CheckResult:
     return result
 
 
+# -- the audit of a job's table, incremental or full -------------------------------
+
+
+class _Lazy:
+    def __init__(self, fn: Callable[[], list[FileInfo]]):
+        self.fn, self.value = fn, None
+
+    def __call__(self) -> list[FileInfo]:
+        if self.value is None:
+            self.value = self.fn()
+        return self.value
+
+
+def audit_job(job: JobSpec, *, version: int | None = None, full: bool = False
+              ) -> tuple[AuditReport, ledger.Proof | None]:
+    """The audit behind a check: (report, the proof it started from or used for
+    ranges Kafka no longer holds). Records nothing."""
+    topics = sorted(set(job.topics))
+    conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
+    table = open_table(job.table, version)
+    at = table.version()
+    proofs = ledger.ProofIndex(table.metadata().id)
+    base = proofs.latest(at)
+    notes: list[str] = []
+    changes: ledger.Changes | None = None
+    if full:
+        notes.append("full audit (requested)")
+    elif base is None:
+        notes.append("full audit: no earlier proof of this table")
+    else:
+        changes = ledger.changes_since(job.table, base, at, proofs)
+        base = changes.proof
+        if changes.everything:
+            notes.append(f"full audit: {changes.everything}")
+            notes += changes.notes
+            changes = None
+    snapshot = _Lazy(lambda: snapshot_index(table))
+    kafka = audit_mod.KafkaLog(conf)  # looked up at call time: the boundary tests replace
+    try:
+        tps = kafka.partitions(topics)
+        known = set(tps) | ({tp for tp in base.ranges if tp.topic in topics} if base is not None else set())
+        nexts = committed_offsets(table, known)
+        firsts = first_offsets(table, known)
+        if changes is not None:
+            added = list(changes.added.values())
+            candidates = known | partitions_in_files(added, topics)
+            uncovered = [t for t in topics if t not in base.topics]
+            if uncovered:
+                candidates |= partitions_in_files(snapshot(), uncovered)
+        else:
+            candidates = known | partitions_in_files(snapshot(), topics)
+        starts = kafka.log_start(sorted(tp for tp in candidates if tp in set(tps) and tp in firsts))
+        proven_snapshot = _Lazy(lambda: _proof_snapshot(job.table, base))
+        partitions: list[PartitionAudit] = []
+        for tp in sorted(candidates):
+            first, nxt = firsts.get(tp), nexts.get(tp)
+            audit = PartitionAudit(tp.topic, tp.partition, first, nxt)
+            reason = _full_reason(tp, first, nxt, base, changes) if changes is not None else "full"
+            if reason is None:
+                audit.mode = "incremental"
+                files = [f for f in changes.added.values() if f.may_contain(tp)]
+                segments = _incremental_segments(audit, base, starts.get(tp),
+                                                 _Lazy(lambda: ledger.proven_files(snapshot(), changes)))
+            else:
+                if changes is not None:
+                    audit.notes.append(f"audited in full: {reason}")
+                files = snapshot()
+                segments = _full_segments(audit, base, starts.get(tp), proven_snapshot)
+            audit_partition(audit, files, segments, kafka)
+            if audit.table_rows or audit.kafka_records or first is not None:
+                partitions.append(audit)
+    finally:
+        kafka.close()
+    report = AuditReport(table=str(job.table), topics=topics, delta_version=at,
+                         checked_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                         partitions=partitions, mode="incremental" if changes is not None else "full")
+    read = report.read_totals()
+    if changes is not None:
+        report.notes.append(f"incremental from the proof of {base.describe()}: {changes.describe_commits()}; "
+                            f"read {read['kafka_records_read']} Kafka records and {read['table_rows_read']} "
+                            "table rows")
+        report.notes += changes.notes
+    else:
+        report.notes += notes
+    return report, base
+
+
+def _full_reason(tp: TopicPartition, first: int | None, nxt: int | None, base: ledger.Proof,
+                 changes: ledger.Changes) -> str | None:
+    """Why ``tp`` must be audited in full after ``changes`` (None: incrementally)."""
+    if tp.topic not in base.topics:
+        return "its topic was not part of the proof"
+    if tp in changes.touched:
+        return changes.touched[tp]
+    proven = base.ranges.get(tp)
+    if proven is None:
+        return None  # no proven rows: all its rows are new
+    if first is None or nxt is None:
+        return "the table no longer has committed offsets for it"
+    if first != proven.first:
+        return f"its first offset moved from {proven.first} to {first}"
+    if nxt < proven.next:
+        return f"its committed offsets went back from {proven.next} to {nxt}"
+    return None
+
+
+def _lost_note(lo: int, hi: int, start: int) -> str:
+    return (f"offsets [{lo}, {hi}) are no longer in Kafka (log start {start}) and no check proved them: "
+            "they cannot be verified")
+
+
+def _incremental_segments(audit: PartitionAudit, base: ledger.Proof, start: int | None,
+                          proven_files: Callable[[], list[FileInfo]]) -> list[Segment]:
+    """Rows added since the proof: before the proven range extra, inside it compared
+    with the proven rows, after it with Kafka (from the proven end)."""
+    first, nxt = audit.first_offset, audit.next_offset
+    proven = base.ranges.get(audit.tp)
+    if first is None or nxt is None:
+        return [Segment(None, None, NONE)]
+    lo, pn = first, first
+    if proven is not None:
+        lo, pn = proven.first, proven.next
+        audit.table_rows += proven.table_rows
+        audit.kafka_records += proven.kafka_records
+        if start is not None and start > lo:
+            audit.notes.append(f"offsets [{lo}, {min(start, pn)}) proven at {base.describe()}; "
+                               f"Kafka no longer holds them (log start {start})")
+    segments = [Segment(None, lo, NONE)]
+    if pn > lo:
+        segments.append(Segment(lo, pn, PROVEN, proven_files))
+    held = max(pn, start) if start is not None else pn
+    lost_hi = min(held, nxt)
+    if lost_hi > pn:
+        segments.append(Segment(pn, lost_hi, UNVERIFIED))
+        audit.notes.append(_lost_note(pn, lost_hi, start))
+    if nxt > max(pn, lost_hi):
+        segments.append(Segment(max(pn, lost_hi), nxt, KAFKA))
+    segments.append(Segment(max(nxt, pn), None, NONE))
+    return segments
+
+
+def _proof_snapshot(table_path: str, proof: ledger.Proof | None) -> list[FileInfo] | None:
+    if proof is None:
+        return None
+    try:
+        return snapshot_index(open_table(table_path, proof.version))
+    except Exception as exc:
+        log.info("cannot load the proven version %d of %s: %s", proof.version, table_path, exc)
+        return None
+
+
+def _full_segments(audit: PartitionAudit, base: ledger.Proof | None, start: int | None,
+                   proven_snapshot: Callable[[], list[FileInfo] | None]) -> list[Segment]:
+    """Every row: Kafka where it holds the range; where it does not, the proven
+    version's rows for the part a proof covers; nothing (a failure) for the rest."""
+    first, nxt = audit.first_offset, audit.next_offset
+    if first is None or nxt is None or nxt <= first:
+        return [Segment(None, None, NONE)]
+    segments = [Segment(None, first, NONE)]
+    held = max(first, start) if start is not None else first
+    lost_hi = min(held, nxt)
+    if lost_hi > first:
+        proven = base.ranges.get(audit.tp) if base is not None else None
+        lo = max(first, proven.first) if proven is not None else lost_hi
+        hi = min(lost_hi, proven.next) if proven is not None else lost_hi
+        reference = None
+        if lo < hi:
+            files = proven_snapshot()
+            wanted = [f for f in files or () if f.may_contain(audit.tp) and f.overlaps(lo, hi)]
+            if files is not None and all(_exists(f.path) for f in wanted):
+                reference = files
+            else:
+                audit.notes.append(f"offsets [{lo}, {hi}) were proven at {base.describe()}, but Kafka no longer "
+                                   "holds them and the files of that version are gone (vacuumed)")
+        if reference is None:
+            lo = hi = lost_hi
+        if lo > first:
+            segments.append(Segment(first, lo, UNVERIFIED))
+            audit.notes.append(_lost_note(first, lo, start))
+        if hi > lo:
+            segments.append(Segment(lo, hi, SNAPSHOT, lambda files=reference: files))
+            audit.notes.append(f"offsets [{lo}, {hi}) proven at {base.describe()}; Kafka no longer holds them "
+                               f"(log start {start}): compared with the table at version {base.version}")
+        if lost_hi > hi:
+            segments.append(Segment(hi, lost_hi, UNVERIFIED))
+            audit.notes.append(_lost_note(hi, lost_hi, start))
+    if nxt > lost_hi:
+        segments.append(Segment(lost_hi, nxt, KAFKA))
+    segments.append(Segment(nxt, None, NONE))
+    return segments
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+# -- records -----------------------------------------------------------------------
+
+
+def _record_proof(result: CheckResult, job: JobSpec) -> None:
+    table = open_table(job.table, result.report.delta_version)
+    ranges = {p.tp: ledger.ProvenRange(p.first_offset, p.next_offset, p.kafka_records, p.table_rows)
+              for p in result.report.partitions if p.first_offset is not None and p.next_offset is not None}
+    ledger.record_proof(ledger.Proof(
+        result.check_id, job.name, str(job.table), table.metadata().id, result.report.delta_version,
+        dt.datetime.now(dt.timezone.utc), tuple(sorted(set(job.topics))), ranges, result.mode,
+        result.proof_version))
+
+
+def migrate_results_table() -> None:
+    """Add the columns newer checks record to a ``consistency_checks`` table of an
+    older version (its rows read them as null)."""
+    from deltalake.schema import Field, PrimitiveType
+
+    path = platform_table_path(RESULTS.name)
+    if not table_exists(path):
+        return
+    table = open_table(path)
+    names = pa.schema(table.schema().to_arrow()).names
+    wanted = RESULTS.schema.names
+    if names == wanted or names != wanted[:len(names)]:
+        return  # current, or not a layout this code knows how to extend (ensure_table reports it)
+    new = [Field(f.name, PrimitiveType(_DELTA_TYPES[f.type]), nullable=True)
+           for f in RESULTS.schema if f.name not in names]
+    try:
+        table.alter.add_columns(new)
+        log.info("added columns %s to %s", [f.name for f in RESULTS.schema if f.name not in names], path)
+    except Exception:
+        if pa.schema(open_table(path).schema().to_arrow()).names != wanted:
+            raise
+
+
 def _record(result: CheckResult, job: JobSpec, expected: Offsets | None, context: Mapping | None) -> None:
     t = result.report.totals()
+    migrate_results_table()
     append_row(RESULTS, {
         "check_id": result.check_id, "operation": result.operation,
         "checked_at": dt.datetime.now(dt.timezone.utc), "job": job.name, "table_path": job.table,
@@ -105,9 +401,46 @@ def _record(result: CheckResult, job: JobSpec, expected: Offsets | None, context
         "offsets_expected": json.dumps(offsets_to_json(expected)) if expected is not None else None,
         "offsets_match": result.offsets_match, "verdict": "PASS" if result.passed else "FAIL",
         "summary": result.summary, "context": json.dumps(dict(context or {}), default=str),
+        "mode": result.mode, "proof_version": result.proof_version, **result.report.read_totals(),
+        "duration_s": result.duration_s, "kind": "kafka-audit",
     })
+
+
+# How each pipeline check's counts map onto the table's columns.
+_PIPELINE_COUNTS = {
+    "gold": {"table_rows": "windows_checked", "missing": "missing", "extra": "extra", "mismatched": "mismatched"},
+    "pipeline-accounting": {"table_rows": "bronze_rows", "missing": "unaccounted", "duplicated": "counted_twice",
+                            "extra": "extra"},
+}
+
+
+def record_pipeline_check(job: JobSpec, operation: str, kind: str, passed: bool, summary: str, details: Mapping,
+                          context: Mapping | None = None, table_path: str | None = None) -> dict:
+    """Record a pipeline check (see :mod:`streamlake.operations.pipeline_checks`) in
+    ``consistency_checks`` next to the Kafka audits; returns its id, verdict and summary."""
+    check_id = f"chk-{uuid.uuid4().hex[:12]}"
+    columns = {column: int(details.get(field) or 0) for column, field in _PIPELINE_COUNTS[kind].items()}
+    migrate_results_table()
+    append_row(RESULTS, {
+        "check_id": check_id, "operation": operation, "checked_at": dt.datetime.now(dt.timezone.utc),
+        "job": job.name, "table_path": table_path or job.table_path("gold" if kind == "gold" else "silver"),
+        "topics": json.dumps(job.topics), "verdict": "PASS" if passed else "FAIL",
+        "summary": f"[{operation}] job {job.name}: {summary}",
+        "context": json.dumps({**dict(context or {}), "details": dict(details)}, default=str), "kind": kind,
+        **columns,
+    })
+    return {"check_id": check_id, "operation": operation, "kind": kind, "passed": passed,
+            "verdict": "PASS" if passed else "FAIL", "summary": summary}
+
+
+def require_passed(checks: list[dict]) -> None:
+    """Raise ConsistencyError with the summaries of the failed ``checks``, if any."""
+    failed = [c for c in checks if not c["passed"]]
+    if failed:
+        raise ConsistencyError("\n".join(f"{c['check_id']}: {c['summary']}" for c in failed))
 
 
 def recent_checks(limit: int = 50, job: str | None = None) -> list[dict]:
     """The newest recorded checks first (optionally of one job)."""
     return read_rows(RESULTS, "checked_at", limit, job=job)
+
