@@ -7,6 +7,8 @@
     streamlake vacuum --table D            delete files of aborted commit attempts (cli/ingest.py)
     streamlake pipeline run --topic T --root DIR [--available-now | --processing-time S] [--window ...]
                                            bronze -> silver -> gold                (cli/pipeline.py)
+    streamlake backfill --job NAME | --root DIR [--from T1 --to T2] [--dry-run]
+                                           apply late events to gold, prove it     (cli/backfill.py)
     streamlake job list|show|define|status|run|stop NAME                         (cli/jobs.py)
     streamlake savepoint create|list|show|dispose|restore                       (cli/savepoints.py)
     streamlake check --job NAME            consistency check (recorded); --list  (cli/checks.py)
@@ -29,7 +31,7 @@ import sys
 
 from streamlake.errors import StreamLakeError
 
-GROUPS = ("kafka", "ingest", "pipeline", "jobs", "savepoints", "checks", "services")
+GROUPS = ("kafka", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "services")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,3 +46,51 @@ class JobRunOperator(SparkSubmitOperator):
         self.log.info("job %s: %s -> %s under %s via connection %s, resources %s", job.name, ",".join(job.topics),
                       " -> ".join(job.stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
         super().execute(context)
+
+
+class JobBackfillOperator(SparkSubmitOperator):
+    """Backfill a job's gold from its pending late events via spark-submit (``jobs/backfill.py``).
+
+    ``window`` is the templated XCom dict of the range task: ``start``/``end``
+    (ISO-8601 or None for all pending), ``dry_run`` and ``run_id``. The job restates
+    the windows, proves gold equals a recompute from silver, records the checks, and
+    writes its summary to :func:`result_path` for the next task. Fails when the
+    proof fails (exit status 3) or the backfill cannot run.
+    """
+
+    template_fields = (*SparkSubmitOperator.template_fields, "job_name", "spark_conn_id", "window")
+    ui_color = "#f3ead7"
+
+    def __init__(self, *, job_name: str, window: Any, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
+        kwargs.setdefault("name", "streamlake-backfill")
+        super().__init__(application="(set at run time)", conn_id=spark_conn_id, **kwargs)
+        self.job_name = job_name
+        self.window = window
+        self.spark_conn_id = spark_conn_id
+
+    def execute(self, context) -> None:
+        import json
+
+        from streamlake.operations.jobs import load_job
+        from streamlake.operations.runner import spark_conf, spark_env
+        from streamlake.orchestration.tasks import backfill_result_path, run_context
+        from streamlake.spark.session import job_path
+
+        job = load_job(self.job_name)
+        window = self.window if isinstance(self.window, dict) else json.loads(self.window)
+        args = ["--job", job.name, "--run-id", window["run_id"], "--result", str(backfill_result_path(window["run_id"])),
+                "--context", json.dumps(run_context())]
+        args += ["--from", window["start"]] if window.get("start") else []
+        args += ["--to", window["end"]] if window.get("end") else []
+        args += ["--dry-run"] if window.get("dry_run") else []
+        self.application = job_path("backfill.py")
+        self.application_args = args
+        self.conf = spark_conf(job)
+        self.env_vars = spark_env()
+        self.name = f"streamlake-backfill:{job.name}"
+        self._conn_id = self.spark_conn_id
+        self._hook = None
+        self.log.info("backfill %s of job %s: event time [%s, %s)%s", window["run_id"], job.name,
+                      window.get("start") or "-inf", window.get("end") or "+inf",
+                      " (dry run)" if window.get("dry_run") else "")
+        super().execute(context)

@@ -9,7 +9,7 @@ import statistics
 log = logging.getLogger(__name__)
 
 
-def _context(extra: dict | None = None) -> dict:
+def run_context(extra: dict | None = None) -> dict:
     """dag_id / run_id / task_id of the running task, for the results tables."""
     try:
         from airflow.sdk import get_current_context
@@ -30,7 +30,7 @@ def consistency_check(job_name: str, operation: str, expected_offsets: dict | No
 
     expected = offsets_from_json(expected_offsets) if expected_offsets is not None else None
     result = require_consistent(load_job(job_name), operation, expected_offsets=expected, version=version,
-                                context=_context(extra))
+                                context=run_context(extra))
     log.info("%s", result.summary)
     return result.to_dict()
 
@@ -61,7 +61,7 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
     manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
                                              "versions": manifest.versions(), "watermark_ms": manifest.watermark_ms,
-                                             "offsets": manifest.kafka_offsets, **_context()})
+                                             "offsets": manifest.kafka_offsets, **run_context()})
     log.info("savepoint %s: table versions %s, offsets %s, watermark %s", manifest.id, manifest.versions(),
              manifest.kafka_offsets, manifest.watermark_ms)
     return {"id": manifest.id, "job": manifest.job, "offsets": manifest.kafka_offsets,
@@ -76,7 +76,7 @@ def restore(savepoint_id: str) -> dict:
 
     mode = job_mode(load_savepoint(savepoint_id).job)
     result = restore_savepoint(savepoint_id)
-    record_operation("restore", result["job"], {**result, **_context()})
+    record_operation("restore", result["job"], {**result, **run_context()})
     return {**result, "mode": mode}
 
 
@@ -132,8 +132,50 @@ def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict,
     from streamlake.operations.records import record_operation
 
     details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before,
-               "throughput_after": after, **_context()}
+               "throughput_after": after, **run_context()}
     record_operation("rescale", job_name, details)
     log.info("rescale of %s: %s rows/s before, %s rows/s after (%s -> %s)", job_name,
              before.get("rows_per_second"), after.get("rows_per_second"), settings["before"], settings["after"])
     return details
+
+
+def backfill_range(params: dict, run_type: str, data_interval_start, data_interval_end, run_id: str) -> dict:
+    """The event-time range a ``backfill_late_data`` run restates.
+
+    A manual run (the trigger form) takes the form's range, or every pending late
+    event when "all pending" is ticked or no range is given; a scheduled run or one
+    of Airflow's own backfills takes its data interval."""
+    import re
+
+    manual = str(run_type).lower().endswith("manual")
+    if manual:
+        all_pending = params.get("all_pending") or not (params.get("start") or params.get("end"))
+        start, end = (None, None) if all_pending else (params.get("start"), params.get("end"))
+    else:
+        start, end = data_interval_start.isoformat(), data_interval_end.isoformat()
+    safe = re.sub(r"[^A-Za-z0-9]+", "-", run_id).strip("-")[-60:]
+    return {"start": start, "end": end, "dry_run": bool(params.get("dry_run")) and manual, "run_id": f"bf-{safe}",
+            "manual": manual}
+
+
+def backfill_result_path(run_id: str):
+    from streamlake import config
+
+    path = config.home() / "backfills"
+    path.mkdir(parents=True, exist_ok=True)
+    return path / f"{run_id}.json"
+
+
+def backfill_report(window: dict) -> dict:
+    """The summary the backfill job wrote: restated windows, late events, checks."""
+    import json
+
+    path = backfill_result_path(window["run_id"])
+    summary = json.loads(path.read_text())
+    log.info("%s", summary.get("summary") or summary.get("error"))
+    for line in summary.get("window_list", []):
+        log.info("  window %s", line)
+    for check in summary.get("checks", []):
+        log.info("check %s: %s", check.get("check_id"), check.get("summary"))
+    return {k: v for k, v in summary.items() if k != "checks"} | {
+        "checks": [{"check_id": c.get("check_id"), "verdict": c.get("verdict")} for c in summary.get("checks", [])]}

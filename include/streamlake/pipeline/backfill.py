@@ -56,7 +56,7 @@ from streamlake.pipeline.gold import (
     read_gold_rows,
     window_pairs,
 )
-from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, SILVER
+from streamlake.pipeline.schemas import LATE_EVENTS, SILVER
 from streamlake.pipeline.stage import committed_position, position_app_id
 from streamlake.pipeline.windows import WindowSpec, merge_sessions
 
@@ -169,7 +169,10 @@ def pending_late_events(late_path: str, start: dt.datetime | None, end: dt.datet
 def plan_backfill(paths: PipelinePaths, window: WindowSpec, start: dt.datetime | None = None,
                   end: dt.datetime | None = None) -> BackfillPlan:
     """Steps 1 and 2 (see the module docstring): pinned inputs, late events, windows."""
-    gold = ensure_table(paths.gold, GOLD)
+    try:
+        gold = open_table(paths.gold)
+    except FileNotFoundError:
+        raise BackfillError(f"no gold table at {paths.gold}: run the pipeline first") from None
     ensure_table(paths.late_events, LATE_EVENTS)
     silver_version, position = pinned_silver_version(gold)
     late = pending_late_events(paths.late_events, start, end, silver_version)
@@ -210,11 +213,11 @@ def _silver_events(silver_path: str, silver_version: int, sensor: str, low_us: i
         return pa.Table.from_pylist([], schema=SILVER.file_schema)
     ts_type = SILVER.schema.field("event_time").type
     data = ds.dataset(files, format="parquet", schema=SILVER.file_schema)
-    flt = ((ds.field("sensor_id") == sensor)
-           & (ds.field("event_time") >= pa.scalar(micros_to_datetime(low_us), ts_type))
+    flt = ((ds.field("event_time") >= pa.scalar(micros_to_datetime(low_us), ts_type))
            & (ds.field("event_time") <= pa.scalar(micros_to_datetime(high_us), ts_type)))
-    rows = data.to_table(filter=flt, columns=["event_time", "temperature"])
-    return rows.sort_by("event_time")
+    rows = data.to_table(filter=flt, columns=["sensor_id", "event_time", "temperature"])
+    rows = rows.filter(pc.equal(rows.column("sensor_id").cast(pa.string()), sensor))  # see gold.read_gold_rows
+    return rows.select(["event_time", "temperature"]).sort_by("event_time")
 
 
 def session_region(paths: PipelinePaths, silver_version: int, gold, sensor: str, times_us: list[int],
@@ -344,7 +347,8 @@ def _mark_applied(late_path: str, late: pa.Table, run_id: str) -> None:
     """``applied = true`` on the given late events (by lineage), retried on conflicts."""
     from deltalake.transaction import CommitProperties as Props
 
-    keys = late.select(["topic", "partition", "offset", "event_date"])
+    keys = late.select(["topic", "partition", "offset"]).append_column(
+        "event_date", pc.cast(late.column("event_time"), pa.date32()))
     now = dt.datetime.now(dt.timezone.utc)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         table = open_table(late_path)

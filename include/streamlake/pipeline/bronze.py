@@ -58,3 +58,15 @@ def ensure_bronze_table(path: str | os.PathLike):
 def read_bronze(spark, path: str | os.PathLike, version: int | None = None):
     """The bronze table (latest snapshot or ``version``) as a Spark DataFrame."""
     return read_table(spark, path, BRONZE, version)
+
+
+def ingested_topics(path: str | os.PathLike) -> list[str]:
+    """The topics a bronze table has ingested, from its newest ingest commits' offsets.
+    Raises FileNotFoundError when there is no table or nothing was ingested yet."""
+    from streamlake.delta.table import open_table
+
+    for entry in open_table(path).history(limit=200):
+        offsets = (entry.get("streamlake") or {}).get("endOffsets")
+        if offsets:
+            return sorted(offsets)
+    raise FileNotFoundError(f"bronze at {path} has no ingest commits yet")

@@ -34,6 +34,7 @@ import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
@@ -62,6 +63,38 @@ _QUANTUM = decimal.Decimal(1).scaleb(-SUM_SCALE)
 # Windows as (sensor, start µs, end µs) with their aggregates, as Spark rows.
 GOLD_KEY_SCHEMA = (f"sensor_id string, _wstart long, _wend long, count long, sum_temperature decimal(38,{SUM_SCALE}), "
                    "min_temperature double, max_temperature double")
+
+
+WINDOW_PROPERTY = "streamlake.window"
+
+
+def gold_spec(window: WindowSpec):
+    """Gold's table spec for ``window``: the window definition is a table property, so
+    backfills and checks use the one gold was built with."""
+    from dataclasses import replace
+
+    return replace(GOLD, configuration={**GOLD.configuration, WINDOW_PROPERTY: str(window)})
+
+
+def ensure_gold(path: str, window: WindowSpec):
+    """Open or create gold for ``window``. Raises InvalidOptionError if the existing gold
+    was built with other windows (its rows would mean something else)."""
+    from streamlake.errors import InvalidOptionError
+
+    table = ensure_table(path, gold_spec(window))
+    built = table.metadata().configuration.get(WINDOW_PROPERTY)
+    if built is not None and WindowSpec.parse(built) != window:
+        raise InvalidOptionError(f"gold at {path} holds {built} windows; this job asks for {window}. Point the job "
+                                 "at a new root (or delete gold and its checkpoint to rebuild it from silver)")
+    return table
+
+
+def gold_window(path: str) -> WindowSpec:
+    """The windows the gold table at ``path`` was built with."""
+    built = open_table(path).metadata().configuration.get(WINDOW_PROPERTY)
+    if built is None:
+        raise FileNotFoundError(f"{path} is not a StreamLake gold table (no {WINDOW_PROPERTY} property)")
+    return WindowSpec.parse(built)
 
 
 def watermark_ms(table) -> int | None:
@@ -153,9 +186,12 @@ def read_gold_rows(table, sensors: set[str], low_us: int, high_us: int) -> list[
         return []
     data = ds.dataset(files, format="parquet", schema=GOLD.file_schema)
     flt = (ds.field("window_end") >= pa.scalar(low, GOLD.schema.field("window_end").type)) & \
-          (ds.field("window_start") <= pa.scalar(high, GOLD.schema.field("window_start").type)) & \
-          ds.field("sensor_id").isin(sorted(sensors))
-    return [{**r, "window_date": r["window_start"].date()} for r in data.to_table(filter=flt).to_pylist()]
+          (ds.field("window_start") <= pa.scalar(high, GOLD.schema.field("window_start").type))
+    rows = data.to_table(filter=flt)
+    # Filter strings after reading: delta-rs writes string_view columns, whose statistics
+    # pyarrow cannot compare with a string literal inside a dataset scan.
+    rows = rows.filter(pc.is_in(rows.column("sensor_id").cast(pa.string()), pa.array(sorted(sensors), pa.string())))
+    return [{**r, "window_date": r["window_start"].date()} for r in rows.to_pylist()]
 
 
 def combine_fixed(existing: list[dict], partials: list[dict], now: dt.datetime) -> list[dict]:
@@ -261,7 +297,7 @@ class GoldStage(DeltaFedStage):
 
     def prepare(self) -> None:
         ensure_table(self.silver_path, SILVER)
-        ensure_table(self.gold_path, GOLD)
+        ensure_gold(self.gold_path, self.window)
         ensure_table(self.late_path, LATE_EVENTS)
 
     def process(self, df, batch: BatchRange) -> dict:
@@ -269,7 +305,7 @@ class GoldStage(DeltaFedStage):
 
         Spark runs two jobs on the batch (read once and cached): writing the late
         events and aggregating the on-time ones; the rest happens on the driver."""
-        gold = ensure_table(self.gold_path, GOLD)
+        gold = ensure_gold(self.gold_path, self.window)
         plan = batch.plan(gold, self.source, "gold")
         if not plan.write:
             log.info("gold batch %d: already in gold, nothing to write", batch.batch_id)

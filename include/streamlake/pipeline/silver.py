@@ -151,7 +151,8 @@ class SilverStage(DeltaFedStage):
             return set()
         wanted = pa.array(events.column("event_id").to_pylist(), pa.string())
         found = ds.dataset(files, format="parquet", schema=SILVER.file_schema).to_table(
-            columns=["event_id", "event_time"], filter=ds.field("event_id").isin(wanted))
+            columns=["event_id", "event_time"])
+        found = found.filter(pc.is_in(found.column("event_id").cast(pa.string()), wanted))
         if not found.num_rows:
             return set()
         mine = dict(zip(events.column("event_id").to_pylist(), events.column("t").to_pylist()))
