@@ -12,6 +12,8 @@ import os
 import socket
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -80,6 +82,170 @@ def produce(broker):
         return produce_sensor_readings(topic, count, partitions=partitions, **kwargs)
 
     return _produce
+
+
+class LiveProducer:
+    """A steady real-time producer in a background thread: one record per record batch.
+
+    What a live source looks like to Kafka: librdkafka with ``linger.ms=0`` and
+    ``batch.num.messages=1`` sends every record as its own record batch, while
+    the test (and the job it tests) runs. Records are sensor readings with the
+    JSON value layout of :class:`streamlake.kafka.producer.SensorReadings`
+    (event time = the moment of production), keyed by sensor, spread round-robin
+    over the partitions so each partition receives the same count.
+
+    ``rate`` is records per second (None: as fast as the producer can), ``count``
+    the number of records to write (None: until :meth:`stop`). At most
+    ``max_pending`` records wait for delivery at a time, so "as fast as it can"
+    is as fast as the broker takes them (no deep local backlog) and
+    ``sent_per_partition`` stays close to what the broker holds. Delivery is
+    confirmed (idempotent producer, acks=all).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, *, rate: float | None = None,
+                 count: int | None = None, value_bytes: int = 200, seed: int | None = None,
+                 max_pending: int = 1000):
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.rate, self.count, self.value_bytes, self.seed = rate, count, value_bytes, seed
+        self.max_pending = max_pending
+        self.sent_per_partition = [0] * partitions  # handed to librdkafka
+        self.delivered_per_partition = [0] * partitions  # confirmed by the broker
+        self.errors: list[str] = []
+        self.undelivered = 0
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the test reads -------------------------------------------------------------------
+
+    @property
+    def sent(self) -> int:
+        return sum(self.sent_per_partition)
+
+    @property
+    def delivered(self) -> int:
+        return sum(self.delivered_per_partition)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def seconds(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.finished_at or time.monotonic()) - self.started_at
+
+    def wait_delivered(self, n: int, timeout_s: float = 120.0) -> int:
+        """Wait until at least ``n`` records are delivered; the delivered count."""
+        deadline = time.monotonic() + timeout_s
+        while self.delivered < n:
+            if self.errors:
+                raise AssertionError(f"live producer failed: {self.errors[0]}")
+            if not self.running:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.delivered} of {n} records delivered to {self.topic} in {timeout_s:g}s")
+            time.sleep(0.05)
+        if self.delivered < n:
+            raise AssertionError(f"the producer stopped after delivering {self.delivered} of {n} records")
+        return self.delivered
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> LiveProducer:
+        from streamlake.kafka.client import client_config
+        from streamlake.kafka.producer import ensure_topic
+
+        ensure_topic(client_config({"kafka.bootstrap.servers": self.bootstrap}), self.topic, self.partitions)
+        self._thread = threading.Thread(target=self._run, name=f"live-producer-{self.topic}", daemon=True)
+        self.started_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 60.0, check: bool = True) -> LiveProducer:
+        """Stop producing, deliver what was sent (flush) and wait for the thread.
+        With ``check``, raise if a record was not delivered."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive() and check:
+                raise TimeoutError(f"the live producer of {self.topic} did not stop within {timeout_s:g}s")
+        if check and (self.errors or self.undelivered):
+            raise AssertionError(f"live producer of {self.topic}: {self.undelivered} records not delivered "
+                                 f"({'; '.join(self.errors[:3]) or 'flush timed out'})")
+        return self
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is None:
+            self.delivered_per_partition[msg.partition()] += 1
+        else:
+            self.errors.append(str(err))
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        from streamlake.kafka.producer import SensorReadings
+
+        producer = Producer({
+            "bootstrap.servers": self.bootstrap,
+            "linger.ms": 0,  # send at once ...
+            "batch.num.messages": 1,  # ... every record in a record batch of its own
+            "enable.idempotence": True,
+            "acks": "all",
+            "client.id": f"live-producer-{self.topic}",
+        }, logger=logging.getLogger("streamlake.librdkafka.live-producer"))
+        readings = SensorReadings(self.seed, value_bytes=self.value_bytes)
+        sent = 0
+        try:
+            while not self._stop.is_set() and (self.count is None or sent < self.count):
+                if sent - self.delivered - len(self.errors) >= self.max_pending:
+                    producer.poll(0.01)  # as fast as the broker takes them, not into a deep local queue
+                    continue
+                if self.rate is not None:
+                    ahead = sent / self.rate - (time.monotonic() - self.started_at)
+                    if ahead > 0:
+                        producer.poll(min(ahead, 0.05))  # serve delivery reports while waiting
+                        continue
+                key, value = readings.next()
+                partition = sent % self.partitions
+                # Counted before it can reach the broker: sent_per_partition bounds each partition's end.
+                self.sent_per_partition[partition] += 1
+                sent += 1
+                while True:
+                    try:
+                        producer.produce(self.topic, value=value, key=key, partition=partition,
+                                         on_delivery=self._on_delivery)
+                        break
+                    except BufferError:  # librdkafka's queue is full: let it drain
+                        producer.poll(0.01)
+                producer.poll(0)
+        except Exception as exc:  # noqa: BLE001 - reported by stop()/wait_delivered()
+            self.errors.append(repr(exc))
+        finally:
+            self.undelivered = producer.flush(30)
+            self.finished_at = time.monotonic()
+
+
+@pytest.fixture
+def live_producer(broker):
+    """live_producer(topic, partitions=3, rate=None, count=None, value_bytes=200, seed=None) -> LiveProducer
+
+    Starts a :class:`LiveProducer` (one record per record batch, in a background
+    thread) that writes while the test runs; every producer still running at
+    teardown is stopped and flushed.
+    """
+    started: list[LiveProducer] = []
+
+    def _start(topic: str, partitions: int = 3, **kwargs) -> LiveProducer:
+        producer = LiveProducer(broker, topic, partitions, **kwargs).start()
+        started.append(producer)
+        return producer
+
+    yield _start
+    for producer in started:
+        producer.stop(check=False)
 
 
 @pytest.fixture

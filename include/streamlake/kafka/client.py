@@ -237,8 +237,10 @@ class KafkaMetadataClient:
         the module docstring). A partition's end is the offset of its EOF event
         (under ``read_committed``: the last stable offset); on a partition being
         written, where a fetch at the end returns new records instead of EOF, it is
-        the high watermark of the newest fetch answer once :data:`SETTLE_WAITS`
-        fetch waits passed without EOF. Either is a real position no later than
+        where the newest fetch answer ended once :data:`SETTLE_WAITS` fetch waits
+        passed without EOF: its high watermark, or under ``read_committed`` (the
+        default) the offset after the newest record received, since the high
+        watermark may count records of open transactions, not readable yet. Either is a real position no later than
         the true end, and the call never chases a producer. Raises
         KafkaUnavailableError if a partition's end is not known within the API
         timeout.
@@ -255,6 +257,7 @@ class KafkaMetadataClient:
         ends: Offsets = {}
         deadline = time.monotonic() + self.timeout_s
         stall = fetch_wait.StallDetector(self._consumer_wait_ms, min_records=1)
+        committed_only = self.conf.get("isolation.level", "read_committed") == "read_committed"
         consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, listed[tp]) for tp in tps])
         try:
             while len(ends) < len(tps):
@@ -287,7 +290,7 @@ class KafkaMetadataClient:
                     if tp in answered:
                         stall.records(1)
                         if now - answered[tp] >= settle:  # answered, no EOF: the partition is being written
-                            ends[tp] = max(listed[tp], seen[tp], high)
+                            ends[tp] = max(listed[tp], seen[tp], -1 if committed_only else high)
                 if len(ends) < len(tps) and stall.stalled():  # no answer at all: fetches need longer
                     wait_ms = fetch_wait.raise_step(self.conf, self._consumer_wait_ms, "probe")
                     if wait_ms is not None:

@@ -19,8 +19,11 @@ start low (:data:`STEPS_MS`\\[0]) and move up a step when a read *stalls*:
 records are known to be there (the read has not reached its end and the
 broker did not report the end of what is readable) yet fewer than
 :data:`MIN_RECORDS_PER_WINDOW` arrive in a window of ``max(0.3 s, 3 x wait)``.
-The step reached is kept for the rest of the process (one Spark Python worker,
-one CLI run), per cluster and per kind of read, so later reads start there:
+The step reached is kept in the process (one Spark Python worker, one CLI
+run, the driver), per cluster and per kind of read, so later reads start there;
+a raised step comes down one step after :data:`DECAY_S` seconds, so a wait
+raised by a passing slowdown (a busy broker) does not stay forever, and a
+partition that still needs it raises it again within one stall window:
 range reads (``"read"``) and end-of-partition probes (``"probe"``, which mostly
 fetch at the end, where a short wait is what matters) move independently. A user who sets
 ``kafka.fetch.wait.max.ms`` gets exactly that value and no adaptation.
@@ -37,11 +40,13 @@ log = logging.getLogger(__name__)
 
 PROPERTY = "fetch.wait.max.ms"
 STEPS_MS = (10, 50, 250, 1000, 4000)
+DECAY_S = 60.0
 MIN_RECORDS_PER_WINDOW = 100
 MIN_WINDOW_S = 0.3
 
 _lock = threading.Lock()
 _step: dict[tuple[str, str], int] = {}  # (bootstrap servers, kind of read) -> index into STEPS_MS
+_raised_at: dict[tuple[str, str], float] = {}  # when the step last moved
 
 
 def _key(conf: Mapping[str, str], role: str) -> tuple[str, str]:
@@ -57,8 +62,13 @@ def current_ms(conf: Mapping[str, str], role: str = "read") -> int:
     """The wait new consumers of this cluster get in this process for ``role``."""
     if is_fixed(conf):
         return int(conf[PROPERTY])
+    key = _key(conf, role)
     with _lock:
-        return STEPS_MS[_step.get(_key(conf, role), 0)]
+        index = _step.get(key, 0)
+        if index and time.monotonic() - _raised_at.get(key, 0.0) > DECAY_S:
+            index = _step[key] = index - 1
+            _raised_at[key] = time.monotonic()
+        return STEPS_MS[index]
 
 
 def raise_step(conf: Mapping[str, str], from_ms: int, role: str = "read") -> int | None:
@@ -75,6 +85,7 @@ def raise_step(conf: Mapping[str, str], from_ms: int, role: str = "read") -> int
         if index + 1 >= len(STEPS_MS):
             return None
         _step[key] = index + 1
+        _raised_at[key] = time.monotonic()
         new = STEPS_MS[index + 1]
     log.info("Kafka %ss from %s stall with fetch.wait.max.ms=%d (the broker needs longer per fetch, "
              "as the embedded broker does on partitions of many small record batches); using %d ms",

@@ -1,0 +1,221 @@
+"""Stop/pause at micro-batch boundaries (JobControl) and savepoints of a job that is finishing.
+
+Issue 6 item 4: a savepoint that waits for a job to pause, while the job (an
+available-now run) ends at a micro-batch boundary instead, is taken at that
+boundary; it is not an error. The unit tests drive ``JobControl.quiesced``
+with a thread that behaves like the job's driver (it holds the job lock and
+obeys the control files as ``run_ingest`` does); the last test takes a real
+savepoint of a real available-now ingest while it runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from streamlake.operations.control import JobControl
+
+
+class FakeJob:
+    """A job driver in a thread: holds the job lock while it "runs micro-batches" and obeys
+    PAUSE/STOP as ``run_ingest`` does; with ``finish_instead_of_pausing`` it ends at the
+    boundary where it sees PAUSE (an available-now run whose last batch that was)."""
+
+    def __init__(self, control: JobControl, finish_instead_of_pausing: bool = False, last_batch: int = 7):
+        self.control = control
+        self.finish_instead_of_pausing = finish_instead_of_pausing
+        self.last_batch = last_batch
+        self.started = threading.Event()
+        self.outcome: str | None = None
+        self.pauses = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> FakeJob:
+        self.thread.start()
+        assert self.started.wait(10)
+        return self
+
+    def _run(self) -> None:
+        try:
+            with self.control.running(timeout_s=10):
+                self.started.set()
+                while True:
+                    while not (self.control.pause_requested() or self.control.stop_requested()):
+                        time.sleep(0.01)  # micro-batches
+                    if self.control.stop_requested():
+                        self.outcome = "stopped"
+                        break
+                    if self.finish_instead_of_pausing:
+                        self.outcome = "finished"  # at a boundary, without writing PAUSED
+                        break
+                    self.control.mark_paused({"paused_at": time.time(), "last_batch": self.last_batch})
+                    self.pauses += 1
+                    while self.control.pause_requested() and not self.control.stop_requested():
+                        time.sleep(0.01)
+                    self.control.clear_paused()
+                    if self.control.stop_requested():
+                        self.outcome = "stopped"
+                        break
+                    self.outcome = "resumed"
+                self.control.clear_requests()
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            self.error = exc
+            self.started.set()
+
+    def join(self, timeout: float = 10) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the fake job did not end"
+        assert self.error is None, self.error
+
+
+def lock_is_held_against_a_starting_job(control: JobControl) -> bool:
+    """True if a job starting now would have to wait for the lock."""
+    try:
+        with control.running(timeout_s=0.3):
+            return False
+    except TimeoutError:
+        return True
+
+
+@pytest.fixture
+def control(tmp_path):
+    return JobControl(tmp_path / "checkpoint")
+
+
+def test_a_job_that_finishes_instead_of_pausing_is_quiesced_at_that_boundary(control):
+    job = FakeJob(control, finish_instead_of_pausing=True).start()
+    assert control.is_running()
+    with control.quiesced(timeout_s=10) as paused:
+        assert paused is None, "the job ended at a boundary: nothing paused to report, and no error"
+        assert job.outcome == "finished" and not job.thread.is_alive()
+        assert not control.pause_requested(), "the pause request is withdrawn, the next run must not pause"
+        assert lock_is_held_against_a_starting_job(control), "no run can start while the body runs"
+    job.join()
+    assert not control.is_running() and not lock_is_held_against_a_starting_job(control)
+    assert not control.paused_file.exists()
+
+
+def test_stop_with_savepoint_of_a_job_that_finishes_is_not_an_error(control):
+    job = FakeJob(control, finish_instead_of_pausing=True).start()
+    with control.quiesced(timeout_s=10, stop_after=True) as paused:
+        assert paused is None
+        assert lock_is_held_against_a_starting_job(control)
+    job.join()
+    assert job.outcome == "finished" and not control.is_running()
+    assert not control.stop_file.exists(), "a finished job is not left a STOP for its next run"
+
+
+def test_a_job_that_pauses_is_resumed_after_the_body(control):
+    job = FakeJob(control, last_batch=12).start()
+    with control.quiesced(timeout_s=10) as paused:
+        assert paused is not None and paused["last_batch"] == 12
+        assert control.is_running() and job.thread.is_alive(), "paused, not stopped"
+        assert control.pause_requested() and control.paused_file.exists()
+    deadline = time.monotonic() + 10
+    while job.outcome != "resumed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.outcome == "resumed" and job.pauses == 1 and control.is_running()
+    assert not control.pause_requested() and not control.paused_file.exists()
+    control.request_stop()
+    job.join()
+    assert job.outcome == "stopped"
+
+
+def test_a_job_that_pauses_is_stopped_after_the_body_with_stop_after(control):
+    job = FakeJob(control).start()
+    with control.quiesced(timeout_s=10, stop_after=True) as paused:
+        assert paused is not None and paused["last_batch"] == 7
+        assert job.thread.is_alive()
+    # quiesced returned only once the job had stopped.
+    assert not control.is_running()
+    job.join(1)
+    assert job.outcome == "stopped" and job.pauses == 1
+
+
+def test_an_idle_job_is_kept_from_starting(control):
+    with control.quiesced(timeout_s=5) as paused:
+        assert paused is None
+        assert lock_is_held_against_a_starting_job(control)
+    assert not lock_is_held_against_a_starting_job(control)
+
+
+def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(control):
+    release = threading.Event()
+
+    def busy_job():  # holds the lock, never looks at the control files (a long micro-batch)
+        with control.running(timeout_s=10):
+            started.set()
+            release.wait(20)
+
+    started = threading.Event()
+    thread = threading.Thread(target=busy_job, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        with pytest.raises(TimeoutError, match="micro-batch boundary"):
+            with control.quiesced(timeout_s=0.5):
+                pytest.fail("the body must not run without a boundary")
+        assert not control.pause_requested(), "a failed savepoint leaves no pause behind"
+    finally:
+        release.set()
+        thread.join(10)
+
+
+# -- a real savepoint of a real available-now run ----------------------------------------------
+
+
+def test_savepoint_of_an_available_now_run_succeeds_whether_it_pauses_or_finishes(spark, produce, topic_name,
+                                                                                  tmp_path):
+    """A scheduled (available-now) run of a named job, several micro-batches, and a savepoint
+    asked for while it is in its last ones: the job either pauses for it or finishes first;
+    both ways the savepoint is taken at a boundary and matches the table."""
+    from helpers import assert_exactly_once
+    from streamlake.delta.table import open_table, table_exists
+    from streamlake.delta.txn import committed_offsets
+    from streamlake.kafka.offsets import TopicPartition as TP
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.operations.savepoints import create_savepoint
+    from streamlake.pipeline.driver import run_stages
+
+    records, limit = 4_000, 500
+    produce(topic_name, records, partitions=3, seed=21)
+    job = save_job(JobSpec(name=f"sp_{topic_name}", topics=[topic_name], root=str(tmp_path / "job"),
+                           stages=["bronze"], max_offsets_per_trigger=limit))
+    cfg = job.pipeline_config(continuous=False)
+    tps = [TP(topic_name, p) for p in range(3)]
+    outcome: dict = {}
+
+    def scheduled_run():  # what jobs/pipeline.py runs for the job, in this test's Spark session
+        try:
+            outcome["summary"] = run_stages(spark, cfg.build_stages(), job.control, available_now=True,
+                                            report=lambda _: None, poll_s=0.2, mode="available-now",
+                                            query_name=cfg.query_name)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    def committed() -> int:
+        return sum(committed_offsets(open_table(job.table), tps).values()) if table_exists(job.table) else 0
+
+    thread = threading.Thread(target=scheduled_run, daemon=True)
+    thread.start()
+    # Ask for the savepoint while the run is in its last micro-batches: it may pause, or finish first.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and thread.is_alive() and committed() < records - 2 * limit:
+        time.sleep(0.02)
+    assert "error" not in outcome, outcome.get("error")
+    manifest = create_savepoint(job, timeout_s=120, note="while finishing")
+    thread.join(180)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+
+    bronze = manifest.table("bronze")
+    way = "paused for it" if manifest.job_was_running else "finished first"
+    print(f"\nsavepoint {manifest.id}: the job {way}; bronze version {bronze.version}, "
+          f"offsets {manifest.kafka_offsets}")
+    assert manifest.offsets() == committed_offsets(open_table(job.table, version=bronze.version), tps), \
+        "the savepoint's offsets are the table's committed offsets at the savepoint's version"
+    assert (manifest.path / "checkpoints" / "bronze" / "offsets").is_dir()
+    assert not job.control.pause_requested() and not job.control.is_running()
+    assert outcome["summary"]["rows"] == records and not outcome["summary"]["stopped"]
+    assert_exactly_once({"table": job.table}, topic_name, expected_rows=records)
