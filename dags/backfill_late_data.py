@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import DAG, Param, task
+from airflow.timetables.interval import CronDataIntervalTimetable
 
 from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.assets import table_assets
@@ -49,7 +50,9 @@ with DAG(
     description="Apply pending late events to gold (manual range or hourly data interval), prove gold equals a "
                 "recompute from silver",
     doc_md=__doc__,
-    schedule="@hourly",
+    # Data intervals (not Airflow 3's default trigger timetable, whose runs have none):
+    # each run restates the hour before it; Backfill restates the hours it is given.
+    schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,

@@ -19,7 +19,8 @@ Flink's `modify -p` (savepoint, stop, restart with a new parallelism). Steps:
    results stay identical (sums are exact decimals).
 5. **throughput_after** and **record**: rows/s after the rescale; both numbers go
    to the `operations` table and the task log.
-6. **consistency_check**: exactly once after the rescale.
+6. **verify**: after the rescale, every check (bronze exactly once, every
+   bronze row once downstream, gold equal to a recompute) and data quality.
 7. **continue_continuous**: a job that ran continuously is started again.
 
 Works on `local[*]` and on the standalone cluster (`streamlake spark start`,
@@ -32,7 +33,7 @@ from airflow.sdk import DAG, Param, task
 
 from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobRunOperator
+from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
 
 with DAG(
     dag_id="rescale",
@@ -106,12 +107,13 @@ with DAG(
 
         return record_rescale(params["job"], settings, savepoint, before, after)
 
-    @task(task_id="consistency_check")
-    def check(params: dict) -> dict:
-        """Exactly once after the rescale."""
-        from streamlake.orchestration.tasks import consistency_check
-
-        return consistency_check(params["job"], "rescale")
+    check = JobVerifyOperator(
+        task_id="verify",
+        job_name="{{ params.job }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
+        operation="rescale",
+        doc_md="Every check and data quality after the rescale.",
+    )
 
     measured = before()
     sp = savepoint_and_stop()
@@ -121,6 +123,5 @@ with DAG(
     measured_after = after(settings=settings)
     restart >> measured_after
     recorded = record(settings=settings, savepoint=sp, before=measured, after=measured_after)
-    checked = check()
-    recorded >> checked >> continue_if_continuous(sp, job="{{ params.job }}",
+    recorded >> check >> continue_if_continuous(sp, job="{{ params.job }}",
                                                   spark_conn_id="{{ params.spark_conn_id }}")

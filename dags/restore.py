@@ -9,11 +9,12 @@ Flink's `run -s <savepoint>`. Steps:
    savepoint's, atomically: Kafka offsets for bronze, the upstream position
    for the others, the watermark for gold; put the savepoint's checkpoint
    copies of every stage in place.
-2. **check_restored**: bronze matches Kafka up to the savepoint (audit clean,
-   offsets equal the manifest's).
+2. **verify_restored**: bronze matches Kafka up to the savepoint (audit clean,
+   offsets equal the manifest's), every bronze row is once downstream, gold
+   equals a recompute from silver, data quality of the restored rows.
 3. **resume**: the job runs from the savepoint's state (available-now, on
    `spark_conn_id`): everything that arrived since flows through every stage.
-4. **check_resumed**: after the new data, still exactly once.
+4. **verify_resumed**: after the new data, every check and data quality again.
 5. **continue_continuous**: if the job was running continuously before the
    restore, a continuous `streaming_ingest` run is triggered to keep it running.
 
@@ -27,7 +28,7 @@ from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobRunOperator
+from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
 
 SAVEPOINTS = savepoint_ids()
 
@@ -54,31 +55,29 @@ with DAG(
 
         return restore(params["savepoint_id"])
 
-    @task(task_id="check_restored")
-    def check_restored(restored: dict) -> dict:
-        """The table equals the savepoint: audit clean and offsets exactly the savepoint's."""
-        from streamlake.orchestration.tasks import consistency_check
-
-        return consistency_check(restored["job"], "restore", expected_offsets=restored["offsets"],
-                                 extra={"savepoint": restored["savepoint"]})
+    restored = restore()
+    job = "{{ ti.xcom_pull(task_ids='restore')['job'] }}"
+    check_restored = JobVerifyOperator(
+        task_id="verify_restored",
+        job_name=job,
+        operation="restore",
+        expected_offsets="{{ ti.xcom_pull(task_ids='restore')['offsets'] | tojson }}",
+        doc_md="Bronze equals the savepoint (audit clean, offsets the manifest's); every stage checked.",
+    )
 
     resume = JobRunOperator(
         task_id="resume",
-        job_name="{{ ti.xcom_pull(task_ids='restore')['job'] }}",
+        job_name=job,
         spark_conn_id="{{ params.spark_conn_id }}",
-        doc_md="Ingest from the savepoint's offsets up to what Kafka holds now (available-now).",
+        doc_md="Run the pipeline from the savepoint's state up to what Kafka holds now (available-now).",
     )
 
-    @task(task_id="check_resumed")
-    def check_resumed(restored: dict) -> dict:
-        """After the new data: still exactly once."""
-        from streamlake.orchestration.tasks import consistency_check
+    check_resumed = JobVerifyOperator(
+        task_id="verify_resumed",
+        job_name=job,
+        operation="restore-resumed",
+        doc_md="After the new data: every check and data quality again.",
+    )
 
-        return consistency_check(restored["job"], "restore-resumed", extra={"savepoint": restored["savepoint"]})
-
-    restored = restore()
-    checked = check_restored(restored)
-    checked >> resume
-    resumed_check = check_resumed(restored)
-    resume >> resumed_check >> continue_if_continuous(
-        restored, job="{{ ti.xcom_pull(task_ids='restore')['job'] }}", spark_conn_id="{{ params.spark_conn_id }}")
+    restored >> check_restored >> resume >> check_resumed >> continue_if_continuous(
+        restored, job=job, spark_conn_id="{{ params.spark_conn_id }}")

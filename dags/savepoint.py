@@ -13,10 +13,11 @@ batches; an idle one is kept from starting), and a savepoint is written to
   version;
 * `checkpoints/`: a copy of every stage's Spark query checkpoint.
 
-The job then resumes (or stops, with `stop=true`), and the **consistency
-check** audits the table *at the savepoint's version* and checks its offsets
-equal the manifest's. The check runs after the job resumed, against the pinned
-version, so the pause lasts only for the copy.
+The job then resumes (or stops, with `stop=true`), and **verify** audits bronze
+*at the savepoint's version* (its offsets must equal the manifest's), checks
+every bronze row once downstream and gold against a recompute, and validates
+data quality. It runs after the job resumed, against the pinned version, so the
+pause lasts only for the copy.
 
 Use the id with the `restore` DAG or `streamlake savepoint restore ID`. The
 same from the shell: `streamlake savepoint create --job NAME [--stop]`.
@@ -28,6 +29,7 @@ from airflow.sdk import DAG, Param, task
 
 from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG
+from streamlake.orchestration.operators import JobVerifyOperator
 
 with DAG(
     dag_id="savepoint",
@@ -51,12 +53,13 @@ with DAG(
 
         return take_savepoint(params["job"], params["stop"], params["note"])
 
-    @task(task_id="consistency_check")
-    def check(savepoint: dict) -> dict:
-        """Audit the table at the savepoint's version; its offsets must equal the manifest's."""
-        from streamlake.orchestration.tasks import consistency_check
+    verify = JobVerifyOperator(
+        task_id="verify",
+        job_name="{{ params.job }}",
+        operation="savepoint",
+        expected_offsets="{{ ti.xcom_pull(task_ids='take_savepoint')['offsets'] | tojson }}",
+        version="{{ ti.xcom_pull(task_ids='take_savepoint')['version'] }}",
+        doc_md="Bronze at the savepoint's version holds exactly its offsets; every stage checked; data quality.",
+    )
 
-        return consistency_check(savepoint["job"], "savepoint", expected_offsets=savepoint["offsets"],
-                                 version=savepoint["version"], extra={"savepoint": savepoint["id"]})
-
-    check(take())
+    take() >> verify

@@ -32,10 +32,14 @@ Two modes, chosen by the `mode` param:
   reason. The run ends successfully when the job is stopped on request
   (`streamlake job stop NAME`, or the `savepoint` DAG with `stop=true`).
 
-Either way, a **consistency check** follows: the offset audit of bronze
-against Kafka (missing / duplicated / extra / mismatched records), appended to
-the `consistency_checks` table; a violation fails the run with the summary.
-The tables are Airflow Assets: the Assets view shows what feeds what.
+Either way, **verify** follows (spark-submit `jobs/verify.py`): bronze against
+Kafka (missing / duplicated / extra / mismatched records, incremental from the
+last proof), every bronze row once downstream (silver + quarantine + dropped
+duplicates), gold against a recompute from silver, and Great Expectations on
+the rows the run added. Results go to the `consistency_checks` and
+`quality_results` tables (StreamLake menu); a failed check or a critical
+expectation fails the run with the details in the log. The tables are Airflow
+Assets: the Assets view shows what feeds what.
 
 Only one run at a time (`max_active_runs=1`): scheduled runs wait while a
 continuous run is active. Logic lives in `include/streamlake/`.
@@ -51,7 +55,7 @@ from airflow.sdk import DAG, Param, TriggerRule, task
 from streamlake.operations.jobs import DEMO_JOB
 from streamlake.orchestration.assets import stage_outputs, topic_assets
 from streamlake.orchestration.dag_parts import START_DATE
-from streamlake.orchestration.operators import JobRunOperator
+from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
 
 TABLES = stage_outputs(DEMO_JOB)
 TOPICS = topic_assets(DEMO_JOB)
@@ -122,11 +126,13 @@ with DAG(
             "interval_s": params["failure_interval_seconds"],
         })
 
-    @task(task_id="consistency_check", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
-    def check(params: dict) -> dict:
-        """Offset audit of the table against Kafka; fails on any missing/duplicate/extra record."""
-        from streamlake.orchestration.tasks import consistency_check
+    verify = JobVerifyOperator(
+        task_id="verify",
+        job_name="{{ params.job }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
+        operation="ingest-{{ params.mode }}",
+        trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        doc_md="Checks (bronze vs Kafka, every bronze row once downstream, gold vs recompute) and data quality.",
+    )
 
-        return consistency_check(params["job"], f"ingest-{params['mode']}")
-
-    choose_mode() >> [ingest, supervise()] >> check()
+    choose_mode() >> [ingest, supervise()] >> verify

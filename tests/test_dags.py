@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTED = {"streaming_ingest", "savepoint", "restore", "rescale"}
+EXPECTED = {"streaming_ingest", "savepoint", "restore", "rescale", "backfill_late_data"}
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +67,45 @@ def test_restore_form_lists_existing_savepoints(tmp_path):
         for sp in ("sp-20260101-000000-aaaaaa", "sp-20260102-000000-bbbbbb"):
             (root / sp / "manifest.json").unlink()
             (root / sp).rmdir()
+
+
+def test_backfill_dag_has_the_range_form_and_an_hourly_schedule_without_catch_up(dagbag):
+    dag = dagbag.dags["backfill_late_data"]
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    assert not dag.catchup and isinstance(dag.timetable, CronDataIntervalTimetable), "runs need data intervals"
+    assert dag.timetable._expression == "0 * * * *"
+    start, end = dag.params.get_param("start"), dag.params.get_param("end")
+    assert start.schema["format"] == end.schema["format"] == "date-time", "the form shows date-time pickers"
+    assert dag.params.get_param("all_pending").schema["type"] == "boolean"
+    assert dag.params.get_param("dry_run").schema["type"] == "boolean"
+    assert {t.task_id for t in dag.tasks} == {"resolve_range", "backfill", "report"}
+
+
+def test_tables_are_assets_written_by_the_tasks_that_write_them(dagbag):
+    """The Assets view shows what feeds what: Kafka -> the pipeline's tables -> backfills."""
+    ingest = dagbag.dags["streaming_ingest"].get_task("ingest_available_now")
+    names = {a.name.split(".")[-1] for a in ingest.outlets}
+    assert names == {"bronze", "silver", "quarantine", "gold", "late_events"}
+    assert any(a.uri.startswith("kafka://") for a in ingest.inlets)
+    backfill = dagbag.dags["backfill_late_data"].get_task("backfill")
+    assert {a.name.split(".")[-1] for a in backfill.outlets} == {"gold", "late_events"}
+
+
+def test_backfill_range_follows_the_run_type():
+    """Manual: the form (or all pending); scheduled/backfill runs: their data interval."""
+    import datetime as dt
+
+    from streamlake.orchestration.tasks import backfill_range
+
+    a, b = dt.datetime(2026, 11, 22, 10, tzinfo=dt.timezone.utc), dt.datetime(2026, 11, 22, 11, tzinfo=dt.timezone.utc)
+    form = {"all_pending": False, "start": "2026-11-22T08:00:00+00:00", "end": "2026-11-22T09:00:00+00:00",
+            "dry_run": True}
+    manual = backfill_range(form, "manual", a, b, "manual__2026-11-22T10:00:00+00:00")
+    assert (manual["start"], manual["end"], manual["dry_run"]) == (form["start"], form["end"], True)
+    everything = backfill_range({**form, "all_pending": True}, "manual", a, b, "manual__x")
+    assert everything["start"] is None and everything["end"] is None
+    scheduled = backfill_range(form, "scheduled", a, b, "scheduled__2026-11-22T10:00:00+00:00")
+    assert (scheduled["start"], scheduled["end"], scheduled["dry_run"]) == (a.isoformat(), b.isoformat(), False)
+    backfill = backfill_range(form, "backfill", a, b, "backfill__2026-11-22T10:00:00+00:00")
+    assert backfill["start"] == a.isoformat() and backfill["run_id"].startswith("bf-backfill")

@@ -45,6 +45,7 @@ def consumed_version(table, source: str) -> int | None:
 @dataclass
 class AccountingReport:
     bronze_version: int | None
+    since_version: int | None = None  # incremental: bronze versions (since, bronze_version] only
     bronze_rows: int = 0
     silver_rows: int = 0
     quarantine_rows: int = 0
@@ -60,7 +61,9 @@ class AccountingReport:
 
     def summary(self) -> str:
         verdict = "EVERY BRONZE ROW ONCE" if self.passed else "VIOLATED"
-        text = (f"pipeline accounting up to bronze version {self.bronze_version}: {verdict}: "
+        scope = (f"bronze versions ({self.since_version}, {self.bronze_version}]" if self.since_version is not None
+                 else f"bronze up to version {self.bronze_version}")
+        text = (f"pipeline accounting of {scope}: {verdict}: "
                 f"{self.bronze_rows} bronze rows = {self.silver_rows} silver + {self.quarantine_rows} quarantine + "
                 f"{self.duplicates_dropped} dropped duplicates")
         if not self.passed:
@@ -72,10 +75,17 @@ class AccountingReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def account_for_bronze(spark, tables: dict[str, str]) -> AccountingReport:
-    """See the module docstring. ``tables`` maps bronze, silver, quarantine to paths."""
+def account_for_bronze(spark, tables: dict[str, str], since_version: int | None = None) -> AccountingReport:
+    """See the module docstring. ``tables`` maps bronze, silver, quarantine to paths.
+
+    With ``since_version`` (the version a previous passing accounting reached) only
+    the rows bronze's commits after it added are accounted for, and only the silver
+    and quarantine rows read from them: the cost follows what changed. Falls back
+    to everything when bronze's log since then holds anything but appends (a
+    restore or a rewrite), or cannot be read."""
     from pyspark.sql import functions as F
 
+    from streamlake.delta.changes import read_changes
     from streamlake.pipeline.validation import parse_events
 
     silver, quarantine = open_table(tables["silver"]), open_table(tables["quarantine"])
@@ -83,11 +93,24 @@ def account_for_bronze(spark, tables: dict[str, str]) -> AccountingReport:
     if any(v is None for v in versions):
         return AccountingReport(None)
     through = min(versions)
+    if since_version is not None and (since_version >= through or not _appends_only(tables["bronze"], since_version,
+                                                                                      through)):
+        since_version = None if since_version < through else since_version
+    if since_version is not None and since_version >= through:
+        return AccountingReport(through, since_version)
     lineage = ["topic", "partition", "offset"]
-    bronze = read_table(spark, tables["bronze"], BRONZE, through).select(
-        *lineage, "key", "value", F.col("timestamp").alias("kafka_timestamp"))
-    s_rows = read_table(spark, tables["silver"], SILVER).where(F.col("bronze_version") <= through)
-    q_rows = read_table(spark, tables["quarantine"], QUARANTINE).where(F.col("bronze_version") <= through)
+    if since_version is None:
+        bronze = read_table(spark, tables["bronze"], BRONZE, through)
+        s_rows = read_table(spark, tables["silver"], SILVER).where(F.col("bronze_version") <= through)
+        q_rows = read_table(spark, tables["quarantine"], QUARANTINE).where(F.col("bronze_version") <= through)
+    else:
+        bronze = read_changes(spark, tables["bronze"], since_version, through)
+        window = (F.col("bronze_version") > since_version) & (F.col("bronze_version") <= through)
+        s_rows = read_files(spark, tables["silver"], SILVER, files_overlapping(
+            silver, "bronze_version", since_version + 1, through)).where(window)
+        q_rows = read_files(spark, tables["quarantine"], QUARANTINE, files_overlapping(
+            quarantine, "bronze_version", since_version + 1, through)).where(window)
+    bronze = bronze.select(*lineage, "key", "value", F.col("timestamp").alias("kafka_timestamp"))
     seen = (s_rows.select(*lineage, F.lit(1).alias("s"), F.lit(0).alias("q"))
             .unionByName(q_rows.select(*lineage, F.lit(0).alias("s"), F.lit(1).alias("q")))
             .groupBy(*lineage).agg(F.sum("s").alias("s"), F.sum("q").alias("q")))
@@ -96,25 +119,48 @@ def account_for_bronze(spark, tables: dict[str, str]) -> AccountingReport:
         twice = joined.where("s + q > 1")
         extra = joined.where("kafka_timestamp IS NULL")  # every Kafka record has a timestamp
         missing = joined.where("s IS NULL AND q IS NULL")
-        parsed = parse_events(missing)
-        known = s_rows.select(F.col("event_id").alias("_id")).distinct()
-        dup = parsed.where("reason IS NULL").join(known, F.col("event_id") == F.col("_id"), "left_semi")
+        valid = parse_events(missing).where("reason IS NULL").persist()
+        dup = valid.join(_silver_ids_near(spark, tables["silver"], valid), "event_id", "left_semi")
         counts = joined.agg(
             F.count_if(F.col("kafka_timestamp").isNotNull()).alias("bronze"),
             F.coalesce(F.sum("s"), F.lit(0)).alias("silver"), F.coalesce(F.sum("q"), F.lit(0)).alias("quarantine"),
         ).first()
         n_missing, n_dup = missing.count(), dup.count()
         report = AccountingReport(
-            through, counts.bronze, counts.silver, counts.quarantine, n_dup, n_missing - n_dup, twice.count(),
-            extra.count())
+            through, since_version, counts.bronze, counts.silver, counts.quarantine, n_dup, n_missing - n_dup,
+            twice.count(), extra.count())
         for name, df in (("unaccounted", missing.join(dup.select(*lineage), lineage, "left_anti")),
                          ("counted_twice", twice), ("extra", extra)):
             if getattr(report, name):
                 report.examples[name] = [f"{r.topic}-{r.partition}@{r.offset}"
                                          for r in df.select(*lineage).limit(EXAMPLES).collect()]
+        valid.unpersist()
         return report
     finally:
         joined.unpersist()
+
+
+def _appends_only(path: str, since: int, through: int) -> bool:
+    """True when bronze's commits in ``(since, through]`` only appended (no restore, no rewrite)."""
+    try:
+        history = open_table(path).history(limit=max(1, open_table(path).version() - since))
+    except Exception:  # noqa: BLE001 - an unreadable log: account for everything
+        return False
+    return all(h.get("operation") in ("WRITE", "CREATE TABLE") for h in history
+               if since < int(h.get("version", -1)) <= through)
+
+
+def _silver_ids_near(spark, silver_path: str, events):
+    """Silver's event ids within a day of ``events``' event times (where their originals are)."""
+    from pyspark.sql import functions as F
+
+    bounds = events.agg(F.min(F.unix_micros("event_time")).alias("lo"),
+                        F.max(F.unix_micros("event_time")).alias("hi")).first()
+    if bounds.lo is None:
+        return spark.createDataFrame([], "event_id string")
+    day = 86_400_000_000
+    files = files_overlapping(open_table(silver_path), "event_time", _dt(bounds.lo - day), _dt(bounds.hi + day))
+    return read_files(spark, silver_path, SILVER, files).select("event_id")
 
 
 @dataclass

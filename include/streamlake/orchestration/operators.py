@@ -1,96 +1,128 @@
-"""Operators for named jobs, built on the Apache Spark provider."""
+"""Operators for named jobs, built on the Apache Spark provider.
+
+Each submits one of the platform's Spark applications (``jobs/*.py``) for a
+named job. Everything spark-submit needs (application, arguments, Spark
+properties for the job's resources, environment) comes from the job spec
+(:mod:`streamlake.operations.jobs`) when the task runs, so a rescale or an
+edited spec takes effect at the next run. ``job_name`` and ``spark_conn_id``
+are templated: DAG params choose the job and the master (``spark_default`` is
+``local[*]``, ``spark_cluster`` the standalone cluster). A task fails when its
+application fails (its exit status).
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 
-class JobRunOperator(SparkSubmitOperator):
-    """Run a job's pipeline once with available-now triggers, via spark-submit.
+class _JobSubmitOperator(SparkSubmitOperator):
+    """spark-submit of ``jobs/<application>`` for a named job; subclasses give the arguments."""
 
-    Every stage (bronze ingest, silver, gold, as the job defines) catches up
-    with what Kafka holds when the run starts, then the run ends.
-
-    Everything spark-submit needs (application, arguments, Spark properties for
-    the job's resources, environment) comes from the job spec
-    (:mod:`streamlake.operations.jobs`) when the task runs, so a rescale or an edited spec
-    takes effect at the next run. ``job_name`` and ``spark_conn_id`` are
-    templated: DAG params choose the job and the master (``spark_default`` is
-    ``local[*]``, ``spark_cluster`` the standalone cluster). Fails when
-    spark-submit fails (the ingest job's exit status).
-    """
-
+    job_application = ""
     template_fields = (*SparkSubmitOperator.template_fields, "job_name", "spark_conn_id")
-    ui_color = "#e4f0e8"
 
     def __init__(self, *, job_name: str, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
-        kwargs.setdefault("name", "streamlake-pipeline")
+        kwargs.setdefault("name", f"streamlake-{self.job_application.removesuffix('.py')}")
         super().__init__(application="(set from the job spec at run time)", conn_id=spark_conn_id, **kwargs)
         self.job_name = job_name
         self.spark_conn_id = spark_conn_id
 
+    def job_arguments(self, job) -> list[str]:
+        raise NotImplementedError
+
     def execute(self, context) -> None:
         from streamlake.operations.jobs import load_job
-        from streamlake.operations.runner import application, job_args, spark_conf, spark_env
+        from streamlake.operations.runner import spark_conf, spark_env
+        from streamlake.spark.session import job_path
 
         job = load_job(self.job_name)
-        self.application = application()
-        self.application_args = job_args(job, continuous=False)
+        self.application = job_path(self.job_application)
+        self.application_args = self.job_arguments(job)
         self.conf = spark_conf(job)
         self.env_vars = spark_env()
-        self.name = f"streamlake:{job.name}"
+        self.name = f"streamlake-{self.job_application.removesuffix('.py')}:{job.name}"
         self._conn_id = self.spark_conn_id
         self._hook = None
-        self.log.info("job %s: %s -> %s under %s via connection %s, resources %s", job.name, ",".join(job.topics),
+        self.log.info("%s of job %s (%s under %s) via connection %s, resources %s", self.job_application, job.name,
                       " -> ".join(job.stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
         super().execute(context)
 
 
-class JobBackfillOperator(SparkSubmitOperator):
-    """Backfill a job's gold from its pending late events via spark-submit (``jobs/backfill.py``).
+class JobRunOperator(_JobSubmitOperator):
+    """Run a job's pipeline once with available-now triggers (``jobs/pipeline.py``): every
+    stage (bronze ingest, silver, gold, as the job defines) catches up with what Kafka
+    holds when the run starts, then the run ends."""
+
+    job_application = "pipeline.py"
+    ui_color = "#e4f0e8"
+
+    def job_arguments(self, job) -> list[str]:
+        from streamlake.operations.runner import job_args
+
+        return job_args(job, continuous=False)
+
+
+class JobVerifyOperator(_JobSubmitOperator):
+    """Every check and the data-quality validation after an operation (``jobs/verify.py``,
+    :func:`streamlake.operations.verify.verify_job`): bronze against Kafka, every bronze
+    row once downstream, gold against a recompute, Great Expectations on the rows the
+    operation added. Fails (with the failing checks or expectations in the log) when
+    one fails. ``expected_offsets`` (JSON) and ``version`` pin bronze's check, e.g. to a
+    savepoint."""
+
+    job_application = "verify.py"
+    template_fields = (*_JobSubmitOperator.template_fields, "operation", "expected_offsets", "version")
+    ui_color = "#e8e4f0"
+
+    def __init__(self, *, operation: str, expected_offsets: str | None = None, version: str | int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.operation = operation
+        self.expected_offsets = expected_offsets
+        self.version = version
+
+    def job_arguments(self, job) -> list[str]:
+        from streamlake.orchestration.tasks import run_context
+
+        args = ["--job", job.name, "--operation", str(self.operation), "--context", json.dumps(run_context())]
+        if self.expected_offsets not in (None, "", "None"):
+            offsets = self.expected_offsets
+            args += ["--expected-offsets", offsets if isinstance(offsets, str) else json.dumps(offsets)]
+        if self.version not in (None, "", "None"):
+            args += ["--version", str(self.version)]
+        return args
+
+
+class JobBackfillOperator(_JobSubmitOperator):
+    """Backfill a job's gold from its pending late events (``jobs/backfill.py``).
 
     ``window`` is the templated XCom dict of the range task: ``start``/``end``
     (ISO-8601 or None for all pending), ``dry_run`` and ``run_id``. The job restates
     the windows, proves gold equals a recompute from silver, records the checks, and
-    writes its summary to :func:`result_path` for the next task. Fails when the
-    proof fails (exit status 3) or the backfill cannot run.
+    writes its summary to :func:`~streamlake.orchestration.tasks.backfill_result_path`
+    for the next task. Fails when the proof fails or the backfill cannot run.
     """
 
-    template_fields = (*SparkSubmitOperator.template_fields, "job_name", "spark_conn_id", "window")
+    job_application = "backfill.py"
+    template_fields = (*_JobSubmitOperator.template_fields, "window")
     ui_color = "#f3ead7"
 
-    def __init__(self, *, job_name: str, window: Any, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
-        kwargs.setdefault("name", "streamlake-backfill")
-        super().__init__(application="(set at run time)", conn_id=spark_conn_id, **kwargs)
-        self.job_name = job_name
+    def __init__(self, *, window: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.window = window
-        self.spark_conn_id = spark_conn_id
 
-    def execute(self, context) -> None:
-        import json
-
-        from streamlake.operations.jobs import load_job
-        from streamlake.operations.runner import spark_conf, spark_env
+    def job_arguments(self, job) -> list[str]:
         from streamlake.orchestration.tasks import backfill_result_path, run_context
-        from streamlake.spark.session import job_path
 
-        job = load_job(self.job_name)
         window = self.window if isinstance(self.window, dict) else json.loads(self.window)
+        self.log.info("backfill %s of job %s: event time [%s, %s)%s", window["run_id"], job.name,
+                      window.get("start") or "-inf", window.get("end") or "+inf",
+                      " (dry run)" if window.get("dry_run") else "")
         args = ["--job", job.name, "--run-id", window["run_id"], "--result", str(backfill_result_path(window["run_id"])),
                 "--context", json.dumps(run_context())]
         args += ["--from", window["start"]] if window.get("start") else []
         args += ["--to", window["end"]] if window.get("end") else []
-        args += ["--dry-run"] if window.get("dry_run") else []
-        self.application = job_path("backfill.py")
-        self.application_args = args
-        self.conf = spark_conf(job)
-        self.env_vars = spark_env()
-        self.name = f"streamlake-backfill:{job.name}"
-        self._conn_id = self.spark_conn_id
-        self._hook = None
-        self.log.info("backfill %s of job %s: event time [%s, %s)%s", window["run_id"], job.name,
-                      window.get("start") or "-inf", window.get("end") or "+inf",
-                      " (dry run)" if window.get("dry_run") else "")
-        super().execute(context)
+        return args + (["--dry-run"] if window.get("dry_run") else [])

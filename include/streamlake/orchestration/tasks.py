@@ -21,20 +21,6 @@ def run_context(extra: dict | None = None) -> dict:
     return {**info, **(extra or {})}
 
 
-def consistency_check(job_name: str, operation: str, expected_offsets: dict | None = None,
-                      version: int | None = None, extra: dict | None = None) -> dict:
-    """Audit the job's table, record the result; fail the task with the summary on a violation."""
-    from streamlake.operations.consistency import require_consistent
-    from streamlake.operations.jobs import load_job
-    from streamlake.kafka.offsets import offsets_from_json
-
-    expected = offsets_from_json(expected_offsets) if expected_offsets is not None else None
-    result = require_consistent(load_job(job_name), operation, expected_offsets=expected, version=version,
-                                context=run_context(extra))
-    log.info("%s", result.summary)
-    return result.to_dict()
-
-
 def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> dict:
     """Keep the job running with a processing-time trigger; restart it by ``strategy``.
 

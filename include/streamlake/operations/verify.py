@@ -1,0 +1,112 @@
+"""The proof after an operation: every check and the data-quality validation, in one Spark job.
+
+After an ingest, a savepoint, a restore, a rescale or a backfill, the DAGs run
+``jobs/verify.py`` (spark-submit), which calls :func:`verify_job`:
+
+1. **bronze against Kafka** (:func:`streamlake.operations.consistency.check_consistency`,
+   incremental from the last proof), optionally at a pinned version and with the
+   offsets the table must hold (a savepoint's, after a restore);
+2. **every bronze row once downstream** (silver + quarantine + dropped duplicates,
+   :func:`~streamlake.operations.pipeline_checks.account_for_bronze`), over the
+   bronze versions since the last passing accounting;
+3. **gold equals a recompute from silver** (:func:`~streamlake.operations.pipeline_checks.check_gold`)
+   for the event times of the silver rows added since the last gold check;
+4. **data quality**: the rows each table's commits added since its last
+   validation, with Great Expectations (:mod:`streamlake.quality`).
+
+Every result is recorded (``consistency_checks``, ``quality_results``). Raises
+ConsistencyError when a check fails, QualityError when a critical expectation
+fails; warnings only flag the results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from typing import Mapping
+
+from streamlake.operations.jobs import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def _last_passing(job: JobSpec, kind: str) -> dict | None:
+    from streamlake.operations.consistency import recent_checks
+
+    for row in recent_checks(500, job.name):
+        if row.get("kind") == kind and row.get("verdict") == "PASS":
+            return json.loads(row.get("context") or "{}").get("details") or {}
+    return None
+
+
+def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None = None,
+               expected_offsets: dict | None = None, bronze_version: int | None = None,
+               quality: bool = True, job_running: bool = False) -> dict:
+    """Run and record every check and the quality validation for ``job`` after ``operation``
+    (see the module docstring). Returns a JSON-able summary; raises on a failure."""
+    from streamlake.kafka.offsets import offsets_from_json
+    from streamlake.operations.consistency import check_consistency, record_pipeline_check, require_passed
+    from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
+
+    context = dict(context or {})
+    checks = []
+    audit = check_consistency(job, operation, version=bronze_version, context=context,
+                              expected_offsets=offsets_from_json(expected_offsets) if expected_offsets else None)
+    checks.append({"check_id": audit.check_id, "kind": "kafka-audit", "passed": audit.passed,
+                   "verdict": "PASS" if audit.passed else "FAIL", "summary": audit.summary})
+    tables = job.tables()
+    if "silver" in job.stages:
+        previous = _last_passing(job, "pipeline-accounting")
+        accounting = account_for_bronze(spark, tables, previous.get("bronze_version") if previous else None)
+        checks.append(record_pipeline_check(job, operation, "pipeline-accounting", accounting.passed,
+                                            accounting.summary(), accounting.to_dict(), context))
+    if "gold" in job.stages:
+        from streamlake.pipeline.gold import gold_window
+
+        start = _changed_event_times(spark, job, _last_passing(job, "gold"))
+        if start is not False:
+            report = check_gold(spark, tables, gold_window(tables["gold"]), start)
+            details = {**report.to_dict(), "silver_version": report.silver_version}
+            checks.append(record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
+                                                context))
+    for check in checks:
+        log.info("%s: %s", check["verdict"], check["summary"])
+    summary = {"job": job.name, "operation": operation, "checks": checks}
+    if quality:
+        from streamlake.quality.validate import validate_operation
+
+        reports = validate_operation(tables, None, operation, context, spark=spark, job_running=job_running,
+                                     raise_on_critical=False)
+        summary["quality"] = [{"table": r.table, "status": r.status, "rows": r.rows,
+                               "versions": [r.from_version, r.to_version]} for r in reports]
+        for r in reports:
+            log.info("quality of %s %s: %s (%d rows)", r.table, [r.from_version, r.to_version], r.status, r.rows)
+        require_passed(checks)
+        from streamlake.quality.validate import require_quality
+
+        require_quality(reports)
+    else:
+        require_passed(checks)
+    return summary
+
+
+def _changed_event_times(spark, job: JobSpec, previous: dict | None):
+    """Where gold can have changed since the last gold check: the earliest event time of the
+    silver rows added after the silver version it checked (None: everything; False: nothing)."""
+    from pyspark.sql import functions as F
+
+    from streamlake.delta.changes import read_changes
+    from streamlake.delta.table import open_table
+
+    if not previous or previous.get("silver_version") is None:
+        return None
+    since = int(previous["silver_version"])
+    silver = open_table(job.table_path("silver"))
+    if silver.version() <= since:
+        return False
+    earliest = read_changes(spark, job.table_path("silver"), since, silver.version()).agg(
+        F.min(F.unix_micros("event_time"))).first()[0]
+    if earliest is None:
+        return False
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=earliest)

@@ -1,0 +1,60 @@
+"""spark-submit entrypoint: every check and the data-quality validation after an operation.
+
+    spark-submit jobs/verify.py --job sensors --operation restore [--expected-offsets JSON] [--version V]
+
+Run by the DAGs after ingest, savepoint, restore, rescale (and backfill runs its
+own); the logic is :func:`streamlake.operations.verify.verify_job`. Exit status:
+0 everything passed (warnings allowed), 3 a check or a critical expectation
+failed (recorded, named in the output), 2 a platform error, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from streamlake.operations.jobs import load_job
+from streamlake.operations.verify import verify_job
+from streamlake.spark.session import get_spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    from streamlake.errors import StreamLakeError
+    from streamlake.operations.consistency import ConsistencyError
+    from streamlake.quality.validate import QualityError
+
+    parser = argparse.ArgumentParser(prog="verify", description=__doc__.split("\n")[0])
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--operation", required=True, help="what was done: ingest-scheduled, savepoint, restore, ...")
+    parser.add_argument("--expected-offsets", help="JSON offsets bronze must hold (after a restore: the savepoint's)")
+    parser.add_argument("--version", type=int, help="check bronze at this version (a savepoint's)")
+    parser.add_argument("--context", default="{}", help="JSON recorded with the results (DAG run ids)")
+    parser.add_argument("--no-quality", action="store_true", help="checks only, no Great Expectations validation")
+    parser.add_argument("--job-running", action="store_true", help="the job runs: check freshness too")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    spark = get_spark(f"verify:{args.job}")
+    try:
+        summary = verify_job(spark, load_job(args.job), args.operation, context=json.loads(args.context),
+                             expected_offsets=json.loads(args.expected_offsets) if args.expected_offsets else None,
+                             bronze_version=args.version, quality=not args.no_quality, job_running=args.job_running)
+    except (ConsistencyError, QualityError) as exc:
+        print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 3
+    except StreamLakeError as exc:
+        print(f"ERROR: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        spark.stop()
+    for check in summary["checks"]:
+        print(f"{check['verdict']} {check['kind']}: {check['summary']}", flush=True)
+    for q in summary.get("quality", []):
+        print(f"quality {q['table']} {q['versions']}: {q['status']} ({q['rows']} rows)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
