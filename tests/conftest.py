@@ -265,3 +265,17 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_SESSION_HOME, ignore_errors=True)
     else:
         print(f"\nstreamlake test state kept in {_SESSION_HOME}")
+
+
+@pytest.fixture(scope="session")
+def live_platform():
+    """The platform as `make run` starts it (broker, demo producer, Spark cluster, Airflow
+    standalone), in a directory of its own on free ports; stopped at the end of the session.
+    Shared by the tests that use the running platform like a user (REST API, browser)."""
+    from platform_harness import start_platform
+
+    platform = start_platform(_SESSION_HOME / "platform")
+    try:
+        yield platform
+    finally:
+        platform.stop()

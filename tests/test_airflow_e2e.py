@@ -1,8 +1,8 @@
 """The DAGs end to end with `airflow dags test`: real Airflow, broker, Spark and Delta.
 
-One `airflow dags test` runs at a time (the metadata DB is SQLite); jobs that
-must keep running meanwhile are started continuously by a DAG run or the CLI
-in the background.
+Every job here is a whole pipeline (bronze -> silver -> gold). One `airflow dags
+test` runs at a time (the metadata DB is SQLite); jobs that must keep running
+meanwhile are started continuously by a DAG run or the CLI in the background.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import delta_log_entries, ingest
-from streamlake.operations.audit import audit_offsets
-from streamlake.operations.control import JobControl
-from streamlake.delta.table import open_table
+from helpers import delta_log_entries
+from streamlake.delta.table import open_table, read_table
 from streamlake.delta.txn import committed_offsets
-from streamlake.operations.jobs import JobSpec, load_job, save_job
 from streamlake.kafka.offsets import TopicPartition
+from streamlake.operations.audit import audit_offsets
+from streamlake.operations.jobs import JobSpec, load_job, save_job
+from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
+from streamlake.pipeline.schemas import GOLD, SILVER
+from streamlake.pipeline.windows import WindowSpec
 
 pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
@@ -53,8 +55,7 @@ def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool
 
 
 def define_job(tmp_path, name: str, topic: str, **kwargs) -> JobSpec:
-    return save_job(JobSpec(name=name, topics=[topic], table=str(tmp_path / "bronze"),
-                            checkpoint=str(tmp_path / "checkpoint"), **kwargs))
+    return save_job(JobSpec(name=name, topics=[topic], root=str(tmp_path / name), **kwargs))
 
 
 def rows_committed(job: JobSpec, partitions: int = 3) -> int:
@@ -74,53 +75,70 @@ def wait(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def assert_clean(job: JobSpec, rows: int | None = None):
+def assert_every_stage(spark, job: JobSpec, rows: int | None = None):
     report = audit_offsets(job.table, job.topics)
     assert report.exactly_once, report.summary()
     if rows is not None:
         assert report.totals()["table_rows"] == rows, report.summary()
-    return report
+    accounting = account_for_bronze(spark, job.tables())
+    assert accounting.passed, accounting.summary()
+    gold = check_gold(spark, job.tables(), WindowSpec.parse(job.window))
+    assert gold.passed, gold.summary()
+    return accounting
 
 
-def test_ingest_savepoint_more_data_restore_ingest(airflow, produce, topic_name, tmp_path):
+def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topic_name, tmp_path):
     from streamlake.operations.consistency import recent_checks
     from streamlake.operations.savepoints import list_savepoints
 
     job = define_job(tmp_path, f"flow_{topic_name}", topic_name, max_offsets_per_trigger=400)
-    produce(topic_name, 1500, seed=1)
+    produce(topic_name, 1500, seed=1, malformed_fraction=0.05, duplicate_fraction=0.05)
     code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
     assert code == 0, out[-4000:]
-    assert "EXACTLY ONCE: 1500 rows" in out
+    assert "EXACTLY ONCE: 1500 rows" in out and "EVERY BRONZE ROW ONCE" in out and "GOLD EQUALS RECOMPUTE" in out
 
     code, out = dags_test("savepoint", {"job": job.name, "stop": False})
     assert code == 0, out[-4000:]
     savepoint = list_savepoints(job.name)[0]
     assert savepoint.offsets() == committed_offsets(open_table(job.table), savepoint.offsets())
-    assert (savepoint.path / "checkpoint" / "offsets").is_dir()
+    assert set(savepoint.versions()) == {"bronze", "silver", "quarantine", "gold", "late_events"}
+    assert set(savepoint.checkpoints) == {"bronze", "silver", "gold"}
+    silver_at_savepoint = read_table(spark, job.table_path("silver"), SILVER).count()
+    gold_at_savepoint = {tuple(r) for r in read_table(spark, job.table_path("gold"), GOLD)
+                         .select("sensor_id", "window_start", "count", "sum_temperature").collect()}
 
-    produce(topic_name, 700, seed=2)
+    produce(topic_name, 700, seed=2, malformed_fraction=0.05)
     code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
     assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
+    assert read_table(spark, job.table_path("silver"), SILVER).count() > silver_at_savepoint
 
     code, out = dags_test("restore", {"savepoint_id": savepoint.id})
     assert code == 0, out[-4000:]
     assert "[restore] job" in out and "EXACTLY ONCE: 1500 rows" in out and "offsets match the expected ones" in out
     assert "[restore-resumed] job" in out and "EXACTLY ONCE: 2200 rows" in out
-    restores = [a["commitInfo"] for c in delta_log_entries(job.table) for a in c
-                if "commitInfo" in a and a["commitInfo"]["operation"] == "RESTORE"]
-    assert len(restores) == 1, "the restore is a new commit: history is kept"
+    for table in ("bronze", "silver", "gold"):
+        restores = [a["commitInfo"] for c in delta_log_entries(job.table_path(table)) for a in c
+                    if "commitInfo" in a and a["commitInfo"]["operation"] == "RESTORE"]
+        assert len(restores) == 1, f"{table}: the restore is a new commit, history is kept"
 
     produce(topic_name, 300, seed=3)
     code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
     assert code == 0, out[-4000:]
-    assert_clean(job, 2500)
-    done = {c["operation"]: c["verdict"] for c in recent_checks(50, job.name)}
-    assert done == {"ingest-scheduled": "PASS", "savepoint": "PASS", "restore": "PASS", "restore-resumed": "PASS"}
+    accounting = assert_every_stage(spark, job, 2500)
+    assert accounting.bronze_rows == 2500
+    gold_now = {tuple(r) for r in read_table(spark, job.table_path("gold"), GOLD)
+                .select("sensor_id", "window_start", "count", "sum_temperature").collect()}
+    assert gold_now != gold_at_savepoint  # the stream went on after the restore
+    done = {(c["operation"], c.get("kind")): c["verdict"] for c in recent_checks(100, job.name)}
+    assert set(done.values()) == {"PASS"}, done
+    assert {op for op, _ in done} >= {"ingest-scheduled", "savepoint", "restore", "restore-resumed"}
+    assert {kind for _, kind in done} == {"kafka-audit", "pipeline-accounting", "gold"}
 
 
-def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(airflow, produce, topic_name, tmp_path):
+def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(airflow, spark, produce, topic_name,
+                                                                              tmp_path):
     from streamlake.errors import StreamLakeError
-    from streamlake.operations.runner import kill_job, job_processes
+    from streamlake.operations.runner import job_processes, kill_job
     from streamlake.operations.savepoints import create_savepoint, dispose_savepoint, restore_savepoint
 
     job = define_job(tmp_path, f"cont_{topic_name}", topic_name, processing_time_s=1.0)
@@ -132,23 +150,23 @@ def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(ai
     run = dags_test("streaming_ingest", {"job": job.name, "mode": "continuous", "restart_strategy": "fixed-delay",
                                           "restart_attempts": 3, "restart_delay_seconds": 1}, background=True)
     try:
-        wait(lambda: rows_committed(job) == 600, 180, "the continuous job to ingest the first records")
+        wait(lambda: rows_committed(job) == 600, 240, "the continuous job to ingest the first records")
         pids = {p.pid for p in job_processes(job)}
         assert kill_job(job, signal.SIGKILL) > 0
-        wait(lambda: JobControl(job.checkpoint).is_running() and not pids & {p.pid for p in job_processes(job)},
+        wait(lambda: job.control.is_running() and not pids & {p.pid for p in job_processes(job)},
              180, "the supervisor to restart the job")
         produce(topic_name, 400, seed=5)
         wait(lambda: rows_committed(job) == 1000, 180, "the restarted job to ingest new records")
 
         started = time.monotonic()
         running_sp = create_savepoint(job)  # what the savepoint DAG does, while the job runs
-        assert running_sp.job_was_running and time.monotonic() - started < 60
-        assert JobControl(job.checkpoint).is_running(), "the job resumed after the savepoint"
+        assert running_sp.job_was_running and time.monotonic() - started < 90
+        assert job.control.is_running(), "the job resumed after the savepoint"
         with pytest.raises(StreamLakeError, match="cannot be disposed: running job"):
             dispose_savepoint(first.id)
 
-        JobControl(job.checkpoint).request_stop()
-        out, _ = run.communicate(timeout=300)
+        job.control.request_stop()
+        out, _ = run.communicate(timeout=400)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -156,23 +174,27 @@ def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(ai
     assert "restart 1 cause: killed by SIGKILL" in out
     assert "[ingest-continuous] job" in out and "EXACTLY ONCE: 1000 rows" in out
     dispose_savepoint(first.id)  # allowed once the job is stopped
-    assert_clean(job, 1000)
+    assert_every_stage(spark, job, 1000)
 
 
 def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, produce, topic_name, tmp_path):
+    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.driver import run_stages
+
     job = define_job(tmp_path, f"flaky_{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 300, seed=6)
     code, out = dags_test("streaming_ingest", {
         "job": job.name, "mode": "continuous", "restart_strategy": "failure-rate",
         "max_failures_per_interval": 1, "failure_interval_seconds": 600, "restart_delay_seconds": 1,
-    }, env={"STREAMLAKE_CRASH_AT": "after_files"})  # every run is SIGKILLed after writing its files
+    }, env={"STREAMLAKE_CRASH_AT": "after_files"})  # every run is SIGKILLed after writing its bronze files
     assert code != 0
     assert "failure-rate: 1 of at most 1 failures" in out
     assert "GaveUp: giving up after 2 run(s): failure-rate: 2 failures within 600s exceeds the maximum of 1; " \
            "last failure: killed by SIGKILL" in out
     # Nothing the crashes interrupted is lost or doubled once the job runs again.
-    ingest(spark, {"table": job.table, "checkpoint": job.checkpoint}, topic_name)
-    assert_clean(job, 300)
+    cfg = job.pipeline_config()
+    run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True, report=lambda _: None)
+    assert_every_stage(spark, job, 300)
 
 
 def _free_port() -> int:
@@ -181,10 +203,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_rescale_a_running_job_on_a_standalone_cluster_from_one_core_to_two(airflow, topic_name, tmp_path):
-    from streamlake.platform import spark_cluster
+def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_it(airflow, spark, topic_name,
+                                                                                   tmp_path):
+    """1 core -> 2 cores and gold's aggregation 2 -> 5 partitions while the stream runs; gold
+    is then identical to gold of a reference run over the same topic without the rescale
+    (late events applied in both, so micro-batch boundaries cannot matter)."""
     from streamlake.kafka.producer import produce_sensor_readings
+    from streamlake.operations.control import JobControl
     from streamlake.operations.records import recent_operations
+    from streamlake.pipeline.backfill import PipelinePaths, run_backfill
+    from streamlake.pipeline.driver import run_stages
+    from streamlake.platform import spark_cluster
 
     port, ui = _free_port(), _free_port()
     spark_cluster.start(workers=2, cores_per_worker=1, memory="1g", port=port, ui_port=ui)
@@ -192,36 +221,52 @@ def test_rescale_a_running_job_on_a_standalone_cluster_from_one_core_to_two(airf
     cluster_conn = {"AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
                                                               "port": port})}
     job = define_job(tmp_path, f"scale_{topic_name}", topic_name, processing_time_s=1.0, master=master,
-                     spark_conn_id="spark_cluster", total_executor_cores=1, executor_cores=1)
+                     spark_conn_id="spark_cluster", total_executor_cores=1, executor_cores=1, gold_partitions=2)
     stop = threading.Event()
     producer = threading.Thread(target=produce_sensor_readings, kwargs=dict(
-        topic=topic_name, count=0, partitions=3, rate=200, value_bytes=200, progress=False,
-        should_stop=stop.is_set))
+        topic=topic_name, count=3000, partitions=3, rate=150, value_bytes=200, progress=False, seed=41,
+        late_fraction=0.05, out_of_order_seconds=5, duplicate_fraction=0.03, should_stop=stop.is_set))
     producer.start()
     running = subprocess.Popen([STREAMLAKE, "job", "run", job.name, "--restart-strategy", "none"],
                                env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait(lambda: rows_committed(job) > 1000, 240, "the 1-core job to ingest a while")
+        wait(lambda: rows_committed(job) > 800, 300, "the 1-core job to run a while")
         code, out = dags_test("rescale", {"job": job.name, "spark_conn_id": "spark_cluster",
-                                          "total_executor_cores": 2, "executor_cores": 1, "min_partitions": 4},
-                              env=cluster_conn)
+                                          "total_executor_cores": 2, "executor_cores": 1, "min_partitions": 4,
+                                          "gold_partitions": 5}, env=cluster_conn)
         assert code == 0, out[-4000:]
         out_cli, _ = running.communicate(timeout=120)
         assert running.returncode == 0, f"the running job stops with the savepoint: {out_cli[-2000:]}"
     finally:
+        producer.join(120)
         stop.set()
-        producer.join(30)
         if running.poll() is None:
             running.kill()
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as resp:
             apps = json.load(resp)["completedapps"]
         spark_cluster.stop()
-    assert [a["cores"] for a in sorted(apps, key=lambda a: a["starttime"])] == [1, 2], apps
-    assert load_job(job.name).total_executor_cores == 2 and load_job(job.name).min_partitions == 4
-    rescale = json.loads(recent_operations(5, job.name)[0]["details"])
-    assert rescale["throughput_before"]["rows_per_second"] and rescale["throughput_after"]["rows_per_second"]
+    pipeline_apps = [a for a in sorted(apps, key=lambda a: a["starttime"]) if a["name"].startswith("pipeline:")]
+    assert [a["cores"] for a in pipeline_apps][:2] == [1, 2], apps
+    rescaled = load_job(job.name)
+    assert rescaled.total_executor_cores == 2 and rescaled.min_partitions == 4 and rescaled.gold_partitions == 5
+    details = json.loads(recent_operations(5, job.name)[0]["details"])
+    assert details["throughput_before"]["rows_per_second"] and details["throughput_after"]["rows_per_second"]
     assert "[rescale] job" in out and "EXACTLY ONCE" in out
-    # The stream went on while the job was stopped: catch up, then prove nothing was lost or doubled.
+    # The stream went on while the job was stopped: catch up (2 cores, 5 gold partitions), then
+    # build the reference from the same topic in one go, without any rescale.
     code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled", "spark_conn_id": "spark_default"})
     assert code == 0, out[-4000:]
-    assert_clean(job)
+    reference = define_job(tmp_path, f"ref_{topic_name}", topic_name, gold_partitions=2)
+    cfg = reference.pipeline_config()
+    run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True, report=lambda _: None)
+    window = WindowSpec.parse(job.window)
+    for j in (rescaled, reference):
+        run_backfill(spark, PipelinePaths.of(j.root), window)
+        assert_every_stage(spark, j, 3000)
+
+    def gold(j):
+        return sorted(tuple(r) for r in read_table(spark, j.table_path("gold"), GOLD).select(
+            "sensor_id", "window_start", "window_end", "count", "sum_temperature", "min_temperature",
+            "max_temperature", "avg_temperature").collect())
+
+    assert gold(rescaled) == gold(reference)

@@ -12,6 +12,11 @@ spark-submit process tree. Points:
 ``after_commit``
     after the Delta commit, before Spark records the batch in its commit log.
 
+and in the silver and gold stages, around each of their tables' commits
+(``after_files_<table>``, ``after_commit_<table>`` for ``quarantine``,
+``silver``, ``late_events``; ``after_commit_gold``): ``after_commit_quarantine``
+lands between silver's two commits, ``after_commit_late_events`` between gold's.
+
 With the variable unset (production) :func:`crash_point` is a dictionary lookup.
 """
 
@@ -21,7 +26,9 @@ import os
 import signal
 
 ENV_CRASH_AT = "STREAMLAKE_CRASH_AT"
-POINTS = ("read", "after_files", "after_commit")
+POINTS = ("read", "after_files", "after_commit", "after_files_quarantine", "after_commit_quarantine",
+          "after_files_silver", "after_commit_silver", "after_files_late_events", "after_commit_late_events",
+          "after_commit_gold")
 
 
 def _spark_submit_ancestor():

@@ -72,7 +72,7 @@ def cmd_platform(args) -> int:
         from streamlake.operations.jobs import DEMO_JOB, demo_job, jobs_dir, save_job
         from streamlake.platform import spark_cluster
 
-        cluster = spark_cluster.start(workers=2, cores_per_worker=1)
+        cluster = spark_cluster.start(workers=2, cores_per_worker=1, port=args.spark_port, ui_port=args.spark_ui_port)
         print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers, UI {cluster['ui']})")
         if not (jobs_dir() / f"{DEMO_JOB}.json").exists():  # the demo job starts on one core of it
             from dataclasses import replace
@@ -80,7 +80,7 @@ def cmd_platform(args) -> int:
             save_job(replace(demo_job(), spark_conn_id="spark_cluster", master=cluster["master"],
                              total_executor_cores=1, executor_cores=1))
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
-    info = airflow_setup.start(args.port)
+    info = airflow_setup.start(args.port, cluster_port=args.spark_port)
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
@@ -183,6 +183,8 @@ def add_parsers(sub) -> None:
     pl = sub.add_parser("platform", help="broker + demo producer + Spark cluster + Airflow (what `make run` runs)")
     pl.add_argument("--port", type=int, default=8080, help="Airflow UI port")
     pl.add_argument("--no-spark-cluster", action="store_true", help="run jobs on local[*] only")
+    pl.add_argument("--spark-port", type=int, default=7077, help="Spark master port")
+    pl.add_argument("--spark-ui-port", type=int, default=8081, help="Spark master UI port")
     _demo_data_arguments(pl, rate=200.0)
     pl.set_defaults(func=cmd_platform)
 

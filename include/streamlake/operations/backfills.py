@@ -46,8 +46,10 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
         raise BackfillError(f"job {job.name} has no gold stage (stages: {', '.join(job.stages)}): nothing to backfill")
     try:
         window = gold_window(job.table_path("gold"))  # the windows gold was built with
-    except FileNotFoundError as exc:
-        raise BackfillError(f"job {job.name}: {exc}; run the pipeline first") from None
+    except FileNotFoundError:
+        raise BackfillError(f"job {job.name} has no gold table yet; run the pipeline first") from None
+    if window is None:
+        raise BackfillError(f"gold of job {job.name} does not record its windows (built by an older version?)")
     result = run_backfill(spark, PipelinePaths.of(job.root), window, start, end, dry_run=dry_run, run_id=run_id)
     log.info("%s", result.summary())
     summary = {**result.to_dict(), "summary": result.summary(), "job": job.name}

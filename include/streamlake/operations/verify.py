@@ -66,7 +66,9 @@ def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None =
 
         start = _changed_event_times(spark, job, _last_passing(job, "gold"))
         if start is not False:
-            report = check_gold(spark, tables, gold_window(tables["gold"]), start)
+            from streamlake.pipeline.windows import WindowSpec
+
+            report = check_gold(spark, tables, gold_window(tables["gold"]) or WindowSpec.parse(job.window), start)
             details = {**report.to_dict(), "silver_version": report.silver_version}
             checks.append(record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
                                                 context))

@@ -273,7 +273,7 @@ def run_backfill(spark, paths: PipelinePaths, window: WindowSpec, start: dt.date
         try:
             upserts, deletes = _restated_rows(spark, paths, window, plan)
             result.changed_windows, result.deleted_windows = len(upserts), len(deletes)
-            result.gold_version = _commit_gold(paths, plan, upserts, deletes, run_id)
+            result.gold_version = _commit_gold(paths, plan, upserts, deletes, run_id, window)
         except CommitFailedError as exc:
             log.warning("backfill %s: gold changed while restating (%s); planning again", run_id, exc)
             continue
@@ -325,7 +325,7 @@ def _changed(old: list[dict], fresh: list[dict]) -> list[dict]:
 
 
 def _commit_gold(paths: PipelinePaths, plan: BackfillPlan, upserts: list[dict], deletes: list[dict],
-                 run_id: str) -> int | None:
+                 run_id: str, window: WindowSpec) -> int | None:
     """One gold commit from the pinned snapshot; raises CommitFailedError if gold moved."""
     if not upserts and not deletes:
         return None
@@ -334,7 +334,7 @@ def _commit_gold(paths: PipelinePaths, plan: BackfillPlan, upserts: list[dict], 
     gold = open_table(paths.gold, plan.gold_version)
     properties = CommitProperties(
         app_transactions=[Transaction(position_app_id("silver"), plan.gold_position)],
-        custom_metadata={"streamlake": {"operation": "backfill", "run": run_id,
+        custom_metadata={"streamlake": {"operation": "backfill", "run": run_id, "window": str(window),
                                         "silverVersion": plan.silver_version, "windows": len(upserts),
                                         "deleted": len(deletes), "lateEvents": plan.late_events.num_rows,
                                         "from": plan.range_start.isoformat() if plan.range_start else None,

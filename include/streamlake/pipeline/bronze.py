@@ -40,6 +40,13 @@ def partition_values(batch_time_ms: int) -> dict[str, str]:
     return {"ingest_date": ingest_time(batch_time_ms).date().isoformat()}
 
 
+def file_constants(batch_id: int, batch_time_ms: int) -> dict[str, tuple[str, int]]:
+    """The bronze columns a micro-batch's files add to the Kafka columns, for read tasks
+    that write the files themselves (see :class:`streamlake.delta.files.FileTarget`);
+    the same values :func:`to_bronze` adds."""
+    return {"ingest_time": ("timestamp_us_utc", int(batch_time_ms) * 1000), "batch_id": ("int64", int(batch_id))}
+
+
 def to_bronze(df, batch_id: int, batch_time_ms: int):
     """Add the bronze columns to a DataFrame in Spark's Kafka schema."""
     from pyspark.sql import functions as F

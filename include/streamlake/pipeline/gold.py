@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import ensure_table, files_overlapping, open_table
+from streamlake.delta.table import ensure_table, files_overlapping, open_table, table_exists
 from streamlake.faults import crash_point
 from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, SILVER, SUM_SCALE
 from streamlake.pipeline.stage import (
@@ -65,36 +65,54 @@ GOLD_KEY_SCHEMA = (f"sensor_id string, _wstart long, _wend long, count long, sum
                    "min_temperature double, max_temperature double")
 
 
-WINDOW_PROPERTY = "streamlake.window"
-
-
-def gold_spec(window: WindowSpec):
-    """Gold's table spec for ``window``: the window definition is a table property, so
-    backfills and checks use the one gold was built with."""
-    from dataclasses import replace
-
-    return replace(GOLD, configuration={**GOLD.configuration, WINDOW_PROPERTY: str(window)})
-
-
 def ensure_gold(path: str, window: WindowSpec):
-    """Open or create gold for ``window``. Raises InvalidOptionError if the existing gold
-    was built with other windows (its rows would mean something else)."""
+    """Open or create gold for ``window``. The window definition is recorded in gold's
+    commits (``streamlake.window``, from the creating commit on), so backfills and checks
+    use the windows gold was built with. Raises InvalidOptionError if the existing gold
+    holds other windows (its rows would mean something else)."""
+    import os
+
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
     from streamlake.errors import InvalidOptionError
 
-    table = ensure_table(path, gold_spec(window))
-    built = table.metadata().configuration.get(WINDOW_PROPERTY)
-    if built is not None and WindowSpec.parse(built) != window:
+    if not table_exists(path):
+        os.makedirs(path, exist_ok=True)
+        try:
+            DeltaTable.create(path, GOLD.schema, mode="ignore", partition_by=list(GOLD.partition_by), name=GOLD.name,
+                              description=GOLD.description, configuration=dict(GOLD.configuration),
+                              commit_properties=CommitProperties(custom_metadata={"streamlake": {
+                                  "operation": "create", "window": str(window)}}))
+        except CommitFailedError:
+            pass  # another process created it first
+    table = ensure_table(path, GOLD)
+    built = gold_window(path)
+    if built is not None and built != window:
         raise InvalidOptionError(f"gold at {path} holds {built} windows; this job asks for {window}. Point the job "
                                  "at a new root (or delete gold and its checkpoint to rebuild it from silver)")
     return table
 
 
-def gold_window(path: str) -> WindowSpec:
-    """The windows the gold table at ``path`` was built with."""
-    built = open_table(path).metadata().configuration.get(WINDOW_PROPERTY)
-    if built is None:
-        raise FileNotFoundError(f"{path} is not a StreamLake gold table (no {WINDOW_PROPERTY} property)")
-    return WindowSpec.parse(built)
+def gold_window(path: str) -> WindowSpec | None:
+    """The windows the gold table at ``path`` was built with (None if it does not say)."""
+    import json
+    import os
+
+    for entry in open_table(path).history(limit=20):
+        window = (entry.get("streamlake") or {}).get("window")
+        if window:
+            return WindowSpec.parse(window)
+    first = os.path.join(path, "_delta_log", f"{0:020d}.json")
+    try:
+        with open(first, encoding="utf-8") as fh:
+            for line in fh:
+                info = json.loads(line).get("commitInfo") or {}
+                if (info.get("streamlake") or {}).get("window"):
+                    return WindowSpec.parse(info["streamlake"]["window"])
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def watermark_ms(table) -> int | None:
@@ -378,7 +396,7 @@ class GoldStage(DeltaFedStage):
             properties = CommitProperties(
                 app_transactions=stage_transactions(self.source, batch, extra),
                 custom_metadata=commit_metadata(self.name, batch, self.source, f"merge-{batch.batch_id}",
-                                                windows=len(upserts), watermark=new_wm))
+                                                windows=len(upserts), watermark=new_wm, window=str(self.window)))
             merge_into_gold(gold, upserts, deletes, properties)
             crash_point("after_commit_gold", batch.batch_id)
             return len(upserts)

@@ -10,6 +10,22 @@ the tests. Start-up decides where a *new* query starts reading:
 and records that start in the checkpoint (:mod:`streamlake.spark.checkpoint`). An
 existing checkpoint is resumed as is; the sink reconciles it with the table.
 
+How the data files are written (``writer``):
+
+``source`` (default)
+    the fast path: the Kafka source's read tasks write each micro-batch's
+    Parquet files themselves with pyarrow (source option ``output=files``) and
+    the driver commits their descriptions; the records never cross into the
+    JVM. Before the query starts, a tiny job starts Spark's Python workers
+    (:func:`streamlake.kafka.source.warm_up`), so the first micro-batch does not
+    pay for them.
+``spark``
+    Spark's own Parquet writer writes the batch's DataFrame (the source in
+    Spark's Kafka schema); slower, kept for comparison and as a fallback.
+
+Both are the same two-phase commit (:mod:`streamlake.delta.sink`): files in an
+attempt directory, invisible until the one Delta commit with the offsets.
+
 As a pipeline stage (:class:`BronzeStage`) it runs under
 :func:`streamlake.pipeline.driver.run_stages`, which stops or pauses it at a
 micro-batch boundary on request (:mod:`streamlake.operations.control`); the
@@ -33,9 +49,12 @@ from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
-from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register
+from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register, warm_up
 
 log = logging.getLogger(__name__)
+
+
+WRITERS = ("source", "spark")
 
 
 @dataclass
@@ -54,6 +73,11 @@ class IngestConfig:
     fail_on_data_loss: bool = True
     kafka: dict[str, str] = field(default_factory=dict)  # client properties, no "kafka." prefix
     query_name: str = "bronze_ingest"
+    writer: str = "source"  # "source": read tasks write the files (fast path); "spark": Spark's writer
+
+    def __post_init__(self) -> None:
+        if self.writer not in WRITERS:
+            raise InvalidOptionError(f"writer must be one of {', '.join(WRITERS)}, got {self.writer!r}")
 
     @property
     def available_now(self) -> bool:
@@ -74,6 +98,8 @@ class IngestConfig:
             opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         if self.min_partitions:
             opts["minPartitions"] = str(self.min_partitions)
+        if self.writer == "source":
+            opts["output"] = "files"
         return opts
 
 
@@ -138,11 +164,14 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     if initial is not None:
         options.pop("startingTimestamp", None)
         options["startingOffsets"] = json.dumps(offsets_to_json(initial))
+    fast = cfg.writer == "source"
     sink = DeltaKafkaSink(
         cfg.table, bronze.BRONZE, checkpoint,
         prepare=bronze.to_bronze, partition_values=bronze.partition_values,
-        stats_columns=bronze.STATS_COLUMNS,
+        stats_columns=bronze.STATS_COLUMNS, file_constants=bronze.file_constants if fast else None,
     )
+    if fast:
+        warm_up(spark)
     reader = spark.readStream.format(FORMAT)
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -248,6 +277,9 @@ def add_ingest_arguments(parser) -> None:
     parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                         help="librdkafka client property, e.g. security.protocol=SSL (repeatable)")
     parser.add_argument("--query-name", default="bronze_ingest")
+    parser.add_argument("--writer", default="source", choices=list(WRITERS),
+                        help="who writes the Parquet files: the Kafka read tasks with pyarrow (source, default, "
+                             "the fast path) or Spark's writer (spark)")
 
 
 def config_from_args(args) -> IngestConfig:
@@ -267,6 +299,7 @@ def config_from_args(args) -> IngestConfig:
         fail_on_data_loss=args.fail_on_data_loss == "true",
         kafka=parse_kafka_options(args.kafka_option),
         query_name=args.query_name,
+        writer=getattr(args, "writer", "source"),
     )
 
 
@@ -285,4 +318,6 @@ def config_to_args(cfg: IngestConfig) -> list[str]:
         args += ["--min-partitions", str(cfg.min_partitions)]
     for key, value in cfg.kafka.items():
         args += ["--kafka-option", f"{key}={value}"]
+    if cfg.writer != "source":
+        args += ["--writer", cfg.writer]
     return args

@@ -92,10 +92,14 @@ def credentials() -> tuple[str, str | None]:
         return "admin", None
 
 
-def start(port: int = DEFAULT_PORT, timeout_s: float = 180) -> dict:
-    """Start ``airflow standalone`` (idempotent) and wait until the UI answers."""
+def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 7077,
+          extra_env: dict | None = None) -> dict:
+    """Start ``airflow standalone`` (idempotent) and wait until the UI answers. The
+    ``spark_cluster`` connection points at ``cluster_port``; ``extra_env`` adds
+    variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``)."""
     if procs.status(SERVICE) is None:
-        procs.start(SERVICE, [airflow_executable(), "standalone"], env=airflow_env(port),
+        procs.start(SERVICE, [airflow_executable(), "standalone"],
+                    env={**airflow_env(port, cluster_port), **(extra_env or {})},
                     cwd=str(airflow_home()), info={"port": port})
     port = procs.status(SERVICE).info["port"]
     started = time.monotonic()

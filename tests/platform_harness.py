@@ -1,0 +1,160 @@
+"""The platform as `make run` starts it, driven the way users drive it: Airflow's REST API.
+
+:func:`start_platform` runs ``streamlake platform`` (embedded broker, demo
+producer, Spark standalone cluster, Airflow standalone) in a directory of its
+own on free ports, exactly the command ``make run`` runs; :class:`AirflowREST`
+triggers DAG runs and Airflow backfills and waits for them, as the UI's buttons
+do (``POST /api/v2/dags/{dag}/dagRuns``, ``POST /api/v2/backfills``), with a
+token from ``POST /auth/token``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
+FINISHED = ("success", "failed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AirflowREST:
+    """A logged-in client of Airflow 3's REST API (``/api/v2``) and the StreamLake plugin."""
+
+    def __init__(self, base_url: str, user: str, password: str):
+        self.base = base_url.rstrip("/")
+        self.user, self.password = user, password
+        self.token = self._token()
+
+    def _token(self) -> str:
+        body = json.dumps({"username": self.user, "password": self.password}).encode()
+        request = urllib.request.Request(f"{self.base}/auth/token", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return json.load(resp)["access_token"]
+
+    def call(self, method: str, path: str, body: dict | None = None, auth: bool = True):
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                text = resp.read().decode()
+                return resp.status, (json.loads(text) if text and text.lstrip()[:1] in "[{" else text)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        """Trigger a run like the UI's trigger button; returns its run id."""
+        status, run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        assert status == 200, f"triggering {dag_id} answered {status}: {run}"
+        return run["dag_run_id"]
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        status, run = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}")
+        assert status == 200, f"{dag_id}/{run_id}: {status} {run}"
+        return run
+
+    def runs(self, dag_id: str, **query) -> list[dict]:
+        params = "&".join(f"{k}={urllib.request.quote(str(v))}" for k, v in query.items())
+        status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100&order_by=-start_date"
+                                        + (f"&{params}" if params else ""))
+        assert status == 200, body
+        return body["dag_runs"]
+
+    def wait(self, dag_id: str, run_id: str, timeout: float) -> dict:
+        """Until the run finished; returns it with ``seconds`` (queued to end)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.run(dag_id, run_id)
+            if run["state"] in FINISHED:
+                return {**run, "seconds": _seconds(run)}
+            time.sleep(3)
+        raise AssertionError(f"{dag_id} run {run_id} did not finish within {timeout:g}s "
+                             f"(state {self.run(dag_id, run_id)['state']}); {self.failed_tasks(dag_id, run_id)}")
+
+    def failed_tasks(self, dag_id: str, run_id: str) -> list[str]:
+        status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
+                                        "/taskInstances")
+        if status != 200:
+            return [f"(task instances: {status})"]
+        return [f"{t['task_id']}: {t['state']}" for t in body["task_instances"]
+                if t["state"] not in ("success", "skipped")]
+
+    def backfill(self, dag_id: str, from_date: str, to_date: str) -> dict:
+        """Airflow's own backfill (the trigger dialog's Backfill, ``airflow backfill create``)."""
+        status, body = self.call("POST", "/api/v2/backfills", {
+            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": "failed",
+            "max_active_runs": 1})
+        assert status == 200, f"creating a backfill answered {status}: {body}"
+        return body
+
+
+def _seconds(run: dict) -> float | None:
+    import datetime as dt
+
+    start = run.get("queued_at") or run.get("start_date")
+    end = run.get("end_date")
+    if not start or not end:
+        return None
+    parse = lambda v: dt.datetime.fromisoformat(v.replace("Z", "+00:00"))  # noqa: E731
+    return round((parse(end) - parse(start)).total_seconds(), 1)
+
+
+@dataclass
+class LivePlatform:
+    home: Path
+    env: dict
+    airflow_url: str
+    user: str
+    password: str
+    spark_ui: str
+    output: str
+    rest: AirflowREST = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rest = AirflowREST(self.airflow_url, self.user, self.password)
+
+    def streamlake(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([STREAMLAKE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def stop(self) -> None:
+        self.streamlake("stop", timeout=180)
+
+
+def platform_env(home: Path, extra: dict | None = None) -> dict:
+    """The environment of a user's shell: no test-session Airflow or broker settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AIRFLOW") and k not in ("STREAMLAKE_KAFKA_BOOTSTRAP", "STREAMLAKE_CRASH_AT")}
+    return {**env, "STREAMLAKE_HOME": str(home), **(extra or {})}
+
+
+def start_platform(home: Path, *, rate: float = 200, every_minutes: int = 2, timeout: float = 600) -> LivePlatform:
+    """``streamlake platform`` (what ``make run`` runs) on free ports; returns when the UI answers."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)})
+    port, kafka, spark, spark_ui = free_port(), free_port(), free_port(), free_port()
+    done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
+                           "--spark-port", str(spark), "--spark-ui-port", str(spark_ui), "--rate", str(rate)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"streamlake platform failed:\n{done.stdout}\n{done.stderr}"
+    login = re.search(r"user (\S+), password (\S+)", done.stdout)
+    assert login, done.stdout
+    return LivePlatform(home, env, f"http://127.0.0.1:{port}", login.group(1), login.group(2),
+                        f"http://127.0.0.1:{spark_ui}", done.stdout)

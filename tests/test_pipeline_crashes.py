@@ -1,0 +1,120 @@
+"""SIGKILL the silver or gold stage at its crash points, restart, and find every result unchanged.
+
+Each run is a real `streamlake pipeline run` -> spark-submit process tree; the
+crash is injected with STREAMLAKE_CRASH_AT (see streamlake.faults), which kills
+the whole tree with SIGKILL, like `kill -9`, between or after a stage's commits.
+The results after the restart are compared with a reference run of the same
+topic that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamlake.delta.table import read_table
+from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
+from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, QUARANTINE, SILVER
+from streamlake.pipeline.windows import WindowSpec
+
+pytestmark = pytest.mark.slow
+STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
+TABLES = ("bronze", "silver", "quarantine", "gold", "late_events")
+
+
+def pipeline(root: Path, topic: str, env: dict | None = None) -> tuple[int, str]:
+    cmd = [STREAMLAKE, "pipeline", "run", "--topic", topic, "--root", str(root), "--available-now",
+           "--master", "local[2]", "--max-offsets-per-trigger", "500", "--allowed-lateness", "5s"]
+    done = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+def results(spark, root: Path) -> dict:
+    """Everything the pipeline produced, without the columns that record when it ran or
+    from which topic (the reference reads a copy of the stream under another name)."""
+    paths = {t: str(root / t) for t in TABLES}
+    return {
+        "silver": sorted(tuple(r) for r in read_table(spark, paths["silver"], SILVER).select(
+            "event_id", "sensor_id", "event_time", "temperature", "partition", "offset").collect()),
+        "quarantine": sorted(tuple(r) for r in read_table(spark, paths["quarantine"], QUARANTINE).select(
+            "partition", "offset", "reason").collect()),
+        "gold+late": sorted(tuple(r) for r in read_table(spark, paths["gold"], GOLD).select(
+            "sensor_id", "window_start", "count", "sum_temperature", "min_temperature", "max_temperature").collect()),
+        "late": read_table(spark, paths["late_events"], LATE_EVENTS).count(),
+    }
+
+
+# Every copy of the stream starts its clock here (half an hour ago, on a minute), so
+# event times, windows and lateness are the same in the reference and every crash run.
+T0 = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0) - dt.timedelta(minutes=30)
+
+
+class FixedClock:
+    """The same "now" sequence for every copy of the stream: 1 ms per record from T0."""
+
+    def __init__(self, start):
+        self.now = start
+
+    def __call__(self):
+        import datetime as dt
+
+        self.now += dt.timedelta(milliseconds=1)
+        return self.now
+
+
+def wave(topic: str, clock: FixedClock, seed: int, **mix) -> None:
+    """800 records with every kind of defect, produced as a live producer writes them."""
+    from streamlake.kafka.producer import produce_sensor_readings
+
+    produce_sensor_readings(topic, 800, partitions=3, seed=seed, progress=False, clock=clock, one_per_batch=True,
+                            out_of_order_seconds=3, malformed_fraction=0.05, duplicate_fraction=0.05, **mix)
+
+
+def first_wave_then_second(root: Path, topic: str, crash: str | None = None) -> tuple[int, str]:
+    """Wave 1, a clean run (gold gets a watermark), wave 2 with late readings, a second run
+    (SIGKILLed at ``crash`` if given). Returns the second run's exit status and output."""
+    import datetime as dt
+
+    clock = FixedClock(T0)
+    wave(topic, clock, 51)
+    code, out = pipeline(root, topic)
+    assert code == 0, out[-3000:]
+    clock.now += dt.timedelta(minutes=5)  # time passes: wave 2's late readings are behind the watermark
+    wave(topic, clock, 52, late_fraction=0.1)
+    return pipeline(root, topic, env={"STREAMLAKE_CRASH_AT": crash} if crash else None)
+
+
+@pytest.fixture(scope="module")
+def reference(spark, broker, tmp_path_factory):
+    """The stream processed without any interruption."""
+    import uuid
+
+    root = tmp_path_factory.mktemp("pipeline-reference")
+    code, out = first_wave_then_second(root, f"ref-{uuid.uuid4().hex[:8]}")
+    assert code == 0, out[-3000:]
+    found = results(spark, root)
+    assert found["late"] > 0 and found["quarantine"] and found["gold+late"], "the reference has every kind of row"
+    return found
+
+
+@pytest.mark.parametrize("point", ["after_commit_quarantine", "after_files_silver", "after_commit_late_events",
+                                   "after_commit_gold"])
+def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker, reference, tmp_path, point):
+    import uuid
+
+    root, topic = tmp_path / "lake", f"crash-{uuid.uuid4().hex[:8]}"
+    code, out = first_wave_then_second(root, topic, crash=point)
+    assert code == 128 + 9, f"the job should have been SIGKILLed at {point}:\n{out[-3000:]}"
+    code, out = pipeline(root, topic)
+    assert code == 0, out[-3000:]
+    assert results(spark, root) == reference
+    paths = {t: str(root / t) for t in TABLES}
+    accounting = account_for_bronze(spark, paths)
+    assert accounting.passed, accounting.summary()
+    report = check_gold(spark, paths, WindowSpec.parse("tumbling:1m"))
+    assert report.passed, report.summary()
