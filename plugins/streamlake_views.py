@@ -1,21 +1,28 @@
-"""StreamLake views in the Airflow UI: savepoints, consistency checks, operations.
+"""StreamLake views in the Airflow UI: savepoints, consistency checks, operations, data quality.
 
 A FastAPI app mounted by Airflow's API server under ``/streamlake`` and linked
 from the navigation (``external_views``). Every page requires an Airflow login
 (the UI's session cookie or a bearer token). Pages are read-only: savepoints are
 taken, restored and disposed through the DAGs or ``streamlake savepoint``.
+
+The Data quality view shows the latest validation per table and suite (failing
+expectations first), a trend plot per table (inline SVG), and links to each
+result's Great Expectations Data Docs page, which the app serves from
+``$STREAMLAKE_HOME/quality/data_docs`` under ``/streamlake/quality/docs/``
+(behind the same login; paths outside that folder are refused).
 """
 
 from __future__ import annotations
 
 import html
 import json
-
-from fastapi import Depends, FastAPI, Query
-from fastapi.responses import HTMLResponse
+import mimetypes
+from urllib.parse import quote
 
 from airflow.api_fastapi.core_api.security import requires_authenticated
 from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 app = FastAPI(title="StreamLake", dependencies=[Depends(requires_authenticated())])
 
@@ -28,13 +35,17 @@ _STYLE = """
  th { background: #f3f6f9; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
  .PASS { color: #137333; font-weight: 600; } .FAIL { color: #b3261e; font-weight: 600; }
  code { font-size: .8rem; } .muted { color: #66727f; }
+ .WARN { color: #b06000; font-weight: 600; } .critical { color: #b3261e; } .warning { color: #b06000; }
+ tr.failing td { background: #fdf3f2; } h2 { font-size: 1.05rem; margin-top: 1.6rem; }
+ .trends { display: flex; flex-wrap: wrap; gap: 1rem; } .trend-box { border: 1px solid #dde3ea; padding: .4rem; }
+ details.passing-expectations { margin-top: .4rem; } details summary { cursor: pointer; color: #137333; }
 </style>
 """
 
 
 def _page(title: str, body: str) -> HTMLResponse:
     nav = ('<nav><a href="savepoints">Savepoints</a><a href="checks">Consistency checks</a>'
-           '<a href="operations">Operations</a></nav>')
+           '<a href="operations">Operations</a><a href="quality">Data quality</a></nav>')
     return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
                         f"{_STYLE}</head><body>{nav}<h1>{html.escape(title)}</h1>{body}</body></html>")
 
@@ -124,6 +135,177 @@ def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) 
     return _page("Operations", _table(["at", "operation", "job", "details"], rows, "No operations yet."))
 
 
+# -- data quality ----------------------------------------------------------------------------------
+
+
+def _airflow_base(request: Request) -> str:
+    """The Airflow UI's path prefix (this app is mounted at ``<prefix>/streamlake``)."""
+    root = request.scope.get("root_path", "") or ""
+    return root[: -len("/streamlake")] if root.endswith("/streamlake") else ""
+
+
+def _run_link(request: Request, r: dict) -> str:
+    """The operation and a link to the DAG run (and task) it came from, if any."""
+    op = html.escape(r.get("operation") or "")
+    if not r.get("dag_id") or not r.get("dag_run_id"):
+        return f"<td>{op}<br><span class='muted'>not from a DAG run</span></td>"
+    base = _airflow_base(request)
+    run_url = f"{base}/dags/{quote(r['dag_id'], safe='')}/runs/{quote(r['dag_run_id'], safe='')}"
+    task = ""
+    if r.get("task_id"):
+        task_url = f"{run_url}/tasks/{quote(r['task_id'], safe='')}"
+        task = f" · <a class='task-link' href='{html.escape(task_url)}' target='_top'>{html.escape(r['task_id'])}</a>"
+    return (f"<td>{op}<br><a class='run-link' href='{html.escape(run_url)}' target='_top'>"
+            f"{html.escape(r['dag_id'])} / {html.escape(r['dag_run_id'])}</a>{task}</td>")
+
+
+def _docs_link(page: str | None, text: str = "Data Docs") -> str:
+    if not page:
+        return "<td class='muted'>-</td>"
+    return f"<td><a class='docs-link' href='quality/docs/{html.escape(quote(page))}'>{html.escape(text)}</a></td>"
+
+
+def _suite_link(suite: str) -> str:
+    from streamlake.quality.docs import suite_page
+
+    return (f"<td><a class='suite-link' href='quality/docs/{html.escape(quote(suite_page(suite)))}'>"
+            f"{html.escape(suite)}</a></td>")
+
+
+def _version_range(v: dict) -> str:
+    if v.get("to_version") is None:
+        return "-"
+    if v.get("from_version") is None:
+        return f"v{v['to_version']} (snapshot)"
+    return f"(v{v['from_version']}, v{v['to_version']}]"
+
+
+def _json_cell(text: str | None, limit: int = 300) -> str:
+    if not text:
+        return "<td></td>"
+    short = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"<td><code>{html.escape(short)}</code></td>"
+
+
+@app.get("/api/quality")
+def api_quality(table: str | None = None) -> list[dict]:
+    """The latest validation per table and suite, with its expectations (failing first)."""
+    from streamlake.quality.results import latest
+
+    return json.loads(json.dumps(latest(table), default=str))
+
+
+@app.get("/api/quality/validations")
+def api_quality_validations(table: str | None = None, limit: int = Query(200, le=5000)) -> list[dict]:
+    from streamlake.quality.results import validations
+
+    return json.loads(json.dumps(validations(table, limit), default=str))
+
+
+@app.get("/quality", response_class=HTMLResponse)
+def quality(request: Request, table: str | None = Query(None)) -> HTMLResponse:
+    from streamlake.quality.docs import suite_page
+    from streamlake.quality.plots import trend_svg
+    from streamlake.quality.results import latest, trend
+
+    current = latest(table)
+    summary_rows = []
+    for v in current:
+        failing = [r["expectation_key"] for r in v["results"] if not r["success"]]
+        summary_rows.append([
+            _td(v["status"], v["status"]),
+            f"<td><a href='#v-{html.escape(v['validation_id'])}'>{html.escape(v['table_name'])}</a></td>",
+            _suite_link(v["suite"]), _td(v["validated_at"]),
+            _run_link(request, v), _td(_version_range(v)), _td(v["rows"], "num"),
+            _td(f"{v['passed']}/{v['expectations']}", "num"), _td(", ".join(failing)),
+            _docs_link(v["docs_page"]),
+        ])
+    body = [("<p class='muted'>Latest validation per table and suite (Great Expectations), failing first. "
+            "A <b>critical</b> failure fails the operation's task; a <b>warning</b> flags the result. "
+            "Run one from the shell with <code>streamlake quality run --table T</code>. "
+            "<a class='docs-index' href='quality/docs/index.html'>Data Docs index</a></p>"),
+            _table(["status", "table", "suite", "validated at", "operation / DAG run", "version range", "rows",
+                    "expectations met", "failing", "report"], summary_rows,
+                   "No quality results yet: they are recorded after every operation, or run "
+                   "`streamlake quality run --table bronze`.")]
+    tables = sorted({v["table_name"] for v in current})
+    if tables:
+        body.append("<h2>Trend</h2><div class='trends'>")
+        for t in tables:
+            body.append(f"<div class='trend-box' id='trend-{html.escape(t)}'>"
+                        f"{trend_svg(trend(t), title=f'{t}: pass rate and unexpected rows')}</div>")
+        body.append("</div>")
+    for v in current:
+        head = "".join(f"<th>{h}</th>" for h in ("severity", "key", "expectation", "column", "result", "observed",
+                                                 "unexpected", "examples (with lineage)"))
+        rows, passing = [], []
+        for r in v["results"]:
+            verdict = "PASS" if r["success"] else "FAIL"
+            observed = f"error: {r['exception']}" if r["exception"] else r["observed_value"]
+            cells = [_td(r["severity"], r["severity"]), _td(r["expectation_key"]), _td(r["expectation"]),
+                     _td(r["column_name"]), _td(verdict, verdict), _json_cell(observed),
+                     _td(r["unexpected_count"], "num"), _json_cell(r["examples"])]
+            (passing if r["success"] else rows).append(
+                f"<tr class='{'passing' if r['success'] else 'failing'}' "
+                f"data-key='{html.escape(r['expectation_key'] or '')}' "
+                f"data-severity='{html.escape(r['severity'] or '')}'>{''.join(cells)}</tr>")
+        expectations = (f"<table class='expectations'><thead><tr>{head}</tr></thead>"
+                        f"<tbody>{''.join(rows)}</tbody></table>") if rows else \
+            "<p class='PASS'>Every expectation met.</p>"
+        if passing:
+            expectations += (f"<details class='passing-expectations'{'' if rows else ' open'}><summary>"
+                             f"{len(passing)} expectations met</summary><table class='expectations'><thead>"
+                             f"<tr>{head}</tr></thead><tbody>{''.join(passing)}</tbody></table></details>")
+        body.append(
+            f"<section class='validation' id='v-{html.escape(v['validation_id'])}' "
+            f"data-table='{html.escape(v['table_name'])}' data-status='{html.escape(v['status'])}'>"
+            f"<h2>{html.escape(v['table_name'])} · <a class='suite-link' href='quality/docs/"
+            f"{html.escape(quote(suite_page(v['suite'])))}'>{html.escape(v['suite'])}</a> · "
+            f"<span class='{html.escape(v['status'])}'>{html.escape(v['status'])}</span></h2>"
+            f"<p class='muted'>{html.escape(str(v['validated_at']))} · operation "
+            f"<b>{html.escape(v['operation'] or '')}</b> · {html.escape(_version_range(v))} of "
+            f"<code>{html.escape(v['table_path'] or '')}</code> · {v['rows']} rows · quality run "
+            f"<code>{html.escape(v['run_id'])}</code></p>"
+            f"<table><tbody><tr>{_run_link(request, v)}{_docs_link(v['docs_page'], 'Data Docs page')}"
+            f"</tr></tbody></table>"
+            f"{expectations}</section>")
+    return _page("Data quality", "".join(body))
+
+
+@app.get("/quality/docs")
+def quality_docs_root() -> RedirectResponse:
+    return RedirectResponse("docs/index.html")
+
+
+# Data Docs take their styles and icons from public CDNs. Where those cannot be reached
+# (no internet access), this keeps the pages legible: tables, and a check mark or a cross
+# in place of the icon fonts' status icons.
+_DOCS_FALLBACK_STYLE = """<style id="streamlake-offline-style">
+ body { font-family: system-ui, sans-serif; color: #1d2733; }
+ table { border-collapse: collapse; } th, td { border-bottom: 1px solid #dde3ea; padding: .25rem .5rem;
+ text-align: left; vertical-align: top; }
+ i.fa-check-circle::before { content: "\\2713"; color: #137333; font-style: normal; font-weight: 700; }
+ i.fa-times::before { content: "\\2717"; color: #b3261e; font-style: normal; font-weight: 700; }
+</style>"""
+
+
+@app.get("/quality/docs/{page:path}")
+def quality_docs(page: str):
+    """A file of the Data Docs site; 404 for anything outside its folder."""
+    from streamlake.quality.docs import resolve_page
+
+    path = resolve_page(page)
+    if path is None:
+        raise HTTPException(status_code=404, detail="no such Data Docs page")
+    if path.suffix == ".html":
+        text = path.read_text(encoding="utf-8", errors="replace")
+        head_end = text.find("</head>")
+        text = text[:head_end] + _DOCS_FALLBACK_STYLE + text[head_end:] if head_end >= 0 else text
+        return HTMLResponse(text)
+    media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media_type)
+
+
 class StreamLakePlugin(AirflowPlugin):
     name = "streamlake"
     fastapi_apps = [{"app": app, "url_prefix": "/streamlake", "name": "StreamLake"}]
@@ -134,4 +316,6 @@ class StreamLakePlugin(AirflowPlugin):
          "category": "StreamLake", "url_route": "streamlake-checks"},
         {"name": "Operations", "href": "/streamlake/operations", "destination": "nav", "category": "StreamLake",
          "url_route": "streamlake-operations"},
+        {"name": "Data quality", "href": "/streamlake/quality", "destination": "nav", "category": "StreamLake",
+         "url_route": "streamlake-quality"},
     ]

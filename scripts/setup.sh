@@ -28,6 +28,31 @@ if [ "${major:-0}" -lt 17 ]; then
   or point JAVA_HOME at an existing JDK 17+."
 fi
 
+# Headless Chromium for the browser test (tests/test_ui_browser.py drives it with Playwright's
+# executable_path: Playwright downloads no browser). Debian's package; skipped when present.
+chromium_bin() {
+  local c
+  for c in /usr/lib/chromium/chromium /usr/bin/chromium; do
+    [ -x "$c" ] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+if ! chromium_bin >/dev/null; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    echo "setup: installing Debian's chromium (headless browser for the UI tests)"
+    if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }; then
+      echo "setup: WARNING: could not install chromium; the UI browser test will fail until it is installed:
+  sudo apt-get update && sudo apt-get install -y chromium" >&2
+    fi
+  else
+    echo "setup: WARNING: Chromium not found and apt-get is not available; tests/test_ui_browser.py needs
+  Chromium at /usr/lib/chromium/chromium or /usr/bin/chromium (Debian/Ubuntu: apt-get install chromium)." >&2
+  fi
+fi
+if chromium_bin >/dev/null; then echo "setup: chromium at $(chromium_bin)."; fi
+
 want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
   echo "setup: .venv is up to date (Java $major)."

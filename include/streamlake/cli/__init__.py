@@ -12,6 +12,8 @@
     streamlake job list|show|define|status|run|stop NAME                         (cli/jobs.py)
     streamlake savepoint create|list|show|dispose|restore                       (cli/savepoints.py)
     streamlake check --job NAME            consistency check (recorded); --list  (cli/checks.py)
+    streamlake quality run --table T [--job NAME | --root DIR | --path P] [--from-version V] [--to-version W] | show
+                                           Great Expectations validation, recorded (cli/quality.py)
     streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1
     streamlake airflow start|stop|status   Airflow standalone with the DAGs
     streamlake platform                    broker + producer + Spark + Airflow (`make run`)
@@ -31,7 +33,7 @@ import sys
 
 from streamlake.errors import StreamLakeError
 
-GROUPS = ("kafka", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "services")
+GROUPS = ("kafka", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "services")
 
 
 def build_parser() -> argparse.ArgumentParser:

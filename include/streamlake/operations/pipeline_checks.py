@@ -104,7 +104,7 @@ def account_for_bronze(spark, tables: dict[str, str], since_version: int | None 
         s_rows = read_table(spark, tables["silver"], SILVER).where(F.col("bronze_version") <= through)
         q_rows = read_table(spark, tables["quarantine"], QUARANTINE).where(F.col("bronze_version") <= through)
     else:
-        bronze = read_changes(spark, tables["bronze"], since_version, through)
+        bronze, _range = read_changes(spark, tables["bronze"], since_version, through)
         window = (F.col("bronze_version") > since_version) & (F.col("bronze_version") <= through)
         s_rows = read_files(spark, tables["silver"], SILVER, files_overlapping(
             silver, "bronze_version", since_version + 1, through)).where(window)

@@ -107,8 +107,8 @@ def _changed_event_times(spark, job: JobSpec, previous: dict | None):
     silver = open_table(job.table_path("silver"))
     if silver.version() <= since:
         return False
-    earliest = read_changes(spark, job.table_path("silver"), since, silver.version()).agg(
-        F.min(F.unix_micros("event_time"))).first()[0]
+    added, _range = read_changes(spark, job.table_path("silver"), since, silver.version())
+    earliest = added.agg(F.min(F.unix_micros("event_time"))).first()[0]
     if earliest is None:
         return False
     return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=earliest)

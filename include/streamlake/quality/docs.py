@@ -1,0 +1,179 @@
+"""GX Data Docs in a fixed folder, and the Great Expectations context that feeds them.
+
+Layout under ``$STREAMLAKE_HOME/quality/``:
+
+``validations/``
+    GX's validation results store (``TupleFilesystemStoreBackend``): one JSON
+    file per validation, ``<suite>/<run name>/<run time>/<batch>.json``.
+``data_docs/``
+    the Data Docs site (``index.html``, ``expectations/<suite>.html``,
+    ``validations/<suite>/<run name>/<run time>/<batch>.html``, ``static/``),
+    rebuilt after each validation; the Airflow plugin serves it under
+    ``/streamlake/quality/docs/`` behind the login.
+
+The context is an *ephemeral* one whose only persistent store is the validation
+results store: suites are code (:mod:`streamlake.quality.suites`) and are
+registered anew in each context, so no ``great_expectations.yml`` is written
+and tasks running at the same time cannot corrupt a shared configuration.
+Builds are serialized across processes with a file lock. GX Cloud and GX's
+usage statistics are off.
+
+Data Docs pages load their styles and scripts from public CDNs; without
+internet access they render unstyled but complete (the validation pages are
+static HTML), except the index's list of validation runs, which GX draws with
+JavaScript. The plugin's Data quality view links each result's page directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from streamlake import config
+
+SITE = "streamlake"
+DATASOURCE = "streamlake"
+
+
+def quality_dir() -> Path:
+    path = config.home() / "quality"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_docs_dir() -> Path:
+    """The fixed folder Data Docs are built into."""
+    return quality_dir() / "data_docs"
+
+
+def validations_dir() -> Path:
+    return quality_dir() / "validations"
+
+
+def site_config() -> dict:
+    return {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(data_docs_dir())},
+    }
+
+
+def gx_context(register_suites: bool = True):
+    """An ephemeral GX context: in-memory suites, file-backed validation results, the
+    Data Docs site, a Spark data source; with every table's suite registered (so the
+    Data Docs index lists them all)."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    cfg = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,
+                            progress_bars=ProgressBarsConfig(globally=False))
+    cfg.stores[cfg.validation_results_store_name]["store_backend"] = {
+        "class_name": "TupleFilesystemStoreBackend", "base_directory": str(validations_dir())}
+    context = gx.get_context(mode="ephemeral", project_config=cfg)
+    context.add_data_docs_site(SITE, site_config())
+    if register_suites:
+        from streamlake.quality.suites import build_suite, tables
+
+        for table in tables():
+            context.suites.add(build_suite(table))
+    return context
+
+
+def batch_definition(context, table: str):
+    """The whole-DataFrame batch definition of ``table``'s asset in the context's Spark
+    data source (created on first use; the DataFrame is passed at run time)."""
+    try:
+        source = context.data_sources.get(DATASOURCE)
+    except (KeyError, LookupError, ValueError):
+        source = context.data_sources.add_spark(DATASOURCE)
+    try:
+        asset = source.get_asset(table)
+    except LookupError:
+        asset = source.add_dataframe_asset(table)
+    try:
+        return asset.get_batch_definition("rows")
+    except (KeyError, LookupError):
+        return asset.add_batch_definition_whole_dataframe("rows")
+
+
+def replace_suite(context, suite):
+    """Register ``suite`` in ``context`` in place of the one of the same name."""
+    with contextlib.suppress(Exception):
+        context.suites.delete(suite.name)
+    return context.suites.add(suite)
+
+
+@contextlib.contextmanager
+def _build_lock():
+    lock = quality_dir() / ".data_docs.lock"
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build(context, validation_ids=None) -> Path:
+    """Render the given validation results (all stored ones if None) and every registered
+    suite into the Data Docs folder, then the index. Returns the index page."""
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+    )
+
+    resources = None
+    if validation_ids is not None:
+        resources = list(validation_ids) + [ExpectationSuiteIdentifier(name=s.name) for s in context.suites.all()]
+    with _build_lock():
+        context.build_data_docs(site_names=[SITE], resource_identifiers=resources)
+    return data_docs_dir() / "index.html"
+
+
+def rebuild_all() -> Path:
+    """Rebuild the whole site from the stored validation results (e.g. after deleting it)."""
+    return build(gx_context(), None)
+
+
+def page_for(context, resource_identifier) -> str | None:
+    """A resource's Data Docs page, relative to the Data Docs folder (POSIX separators)."""
+    urls = context.get_docs_sites_urls(resource_identifier=resource_identifier, site_name=SITE,
+                                       only_if_exists=False)
+    if not urls or not urls[0].get("site_url"):
+        return None
+    url = urls[0]["site_url"]
+    from urllib.parse import unquote
+
+    local = Path(unquote(url[len("file://"):]) if url.startswith("file://") else url)
+    try:
+        return local.resolve().relative_to(data_docs_dir().resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def suite_page(suite: str) -> str:
+    """A suite's Data Docs page, relative to the Data Docs folder (GX splits names at dots)."""
+    return "expectations/" + "/".join(suite.split(".")) + ".html"
+
+
+def resolve_page(relative: str) -> Path | None:
+    """The file under the Data Docs folder that ``relative`` names, or None if it does not
+    exist or lies outside the folder (``..``, absolute paths, symlinks out)."""
+    root = data_docs_dir().resolve()
+    if not relative or relative.endswith("/"):
+        relative = (relative or "") + "index.html"
+    if "\x00" in relative or relative.startswith(("/", "\\")) or ".." in Path(relative).parts:
+        return None
+    candidate = (root / relative).resolve()
+    try:
+        candidate.relative_to(root)
+    except ValueError:
+        return None
+    return candidate if candidate.is_file() else None

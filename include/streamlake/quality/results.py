@@ -1,0 +1,155 @@
+"""The ``quality_results`` platform table, and the queries the UI and the CLI make of it.
+
+One row per expectation per validation, appended under
+``$STREAMLAKE_HOME/data/_platform/quality_results`` (next to
+``consistency_checks``; blind Delta appends, so concurrent tasks do not
+conflict). A *validation* is one suite run on one table's rows; a *run* is
+one operation's validations (:func:`streamlake.quality.validate.validate_operation`).
+
+Columns: ``run_id``, ``validation_id``, ``operation``, ``validated_at``,
+``table_name``, ``table_path``, ``from_version``/``to_version`` (the Delta
+version range ``(from, to]``; ``from`` null for a whole snapshot), ``rows``
+(rows validated), ``suite``, ``expectation_key`` (the check's stable key),
+``expectation`` (GX type), ``column_name``, ``kwargs`` (JSON), ``severity``,
+``success``, ``observed_value`` (JSON), ``unexpected_count``,
+``unexpected_percent``, ``examples`` (JSON: up to 5 failing values with the
+row's lineage), ``exception``, ``status`` (the validation's verdict by
+severity: PASS, WARN or FAIL), ``docs_page`` (its Data Docs page, relative to
+the Data Docs folder), ``dag_id``, ``dag_run_id``, ``task_id`` and ``context``
+(JSON) of the operation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+
+from streamlake.delta.table import (
+    TableSpec,
+    ensure_table,
+    open_table,
+    snapshot_files,
+    table_exists,
+)
+from streamlake.operations.records import platform_table_path
+
+TS = pa.timestamp("us", tz="UTC")
+
+QUALITY_RESULTS = TableSpec(
+    name="quality_results",
+    schema=pa.schema([
+        ("run_id", pa.string()), ("validation_id", pa.string()), ("operation", pa.string()),
+        ("validated_at", TS), ("table_name", pa.string()), ("table_path", pa.string()),
+        ("from_version", pa.int64()), ("to_version", pa.int64()), ("rows", pa.int64()),
+        ("suite", pa.string()), ("expectation_key", pa.string()), ("expectation", pa.string()),
+        ("column_name", pa.string()), ("kwargs", pa.string()), ("severity", pa.string()),
+        ("success", pa.bool_()), ("observed_value", pa.string()), ("unexpected_count", pa.int64()),
+        ("unexpected_percent", pa.float64()), ("examples", pa.string()), ("exception", pa.string()),
+        ("status", pa.string()), ("docs_page", pa.string()),
+        ("dag_id", pa.string()), ("dag_run_id", pa.string()), ("task_id", pa.string()), ("context", pa.string()),
+    ]),
+    description="every expectation of every data-quality validation the platform ran",
+)
+
+STATUSES = ("FAIL", "WARN", "PASS")
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def results_path() -> str:
+    return platform_table_path(QUALITY_RESULTS.name)
+
+
+def append_results(rows: Iterable[Mapping]) -> int:
+    """Append rows (one Delta commit); returns how many."""
+    from deltalake import write_deltalake
+
+    rows = [dict(r) for r in rows]
+    if not rows:
+        return 0
+    path = results_path()
+    ensure_table(path, QUALITY_RESULTS)
+    write_deltalake(path, pa.Table.from_pylist(rows, schema=QUALITY_RESULTS.schema), mode="append")
+    return len(rows)
+
+
+def read_results(**equals) -> list[dict]:
+    """Every recorded row, newest validation first, filtered by equality (None: any)."""
+    import pyarrow.dataset as ds
+
+    path = results_path()
+    if not table_exists(path):
+        return []
+    files = snapshot_files(open_table(path))
+    if not files:
+        return []
+    rows = ds.dataset(files, format="parquet", schema=QUALITY_RESULTS.schema).to_table().to_pylist()
+    rows = [r for r in rows if all(r.get(k) == v for k, v in equals.items() if v is not None)]
+    rows.sort(key=lambda r: (r["validated_at"], r["validation_id"]), reverse=True)
+    return rows
+
+
+def failing_first(rows: Iterable[Mapping]) -> list[dict]:
+    """Failing expectations first (critical, warning, info), then passing ones; by key within."""
+    return sorted((dict(r) for r in rows), key=lambda r: (
+        bool(r["success"]), _SEVERITY_ORDER.get(r["severity"], 9), r["expectation_key"] or ""))
+
+
+def summarize(rows: list[Mapping]) -> dict:
+    """One validation's summary from its expectation rows."""
+    first = rows[0]
+    total = len(rows)
+    passed = sum(1 for r in rows if r["success"])
+    failing = [r for r in rows if not r["success"]]
+    return {
+        "validation_id": first["validation_id"], "run_id": first["run_id"], "operation": first["operation"],
+        "validated_at": first["validated_at"], "table_name": first["table_name"],
+        "table_path": first["table_path"], "from_version": first["from_version"],
+        "to_version": first["to_version"], "rows": first["rows"], "suite": first["suite"],
+        "status": first["status"], "expectations": total, "passed": passed,
+        "pass_rate": passed / total if total else 1.0,
+        "unexpected": sum(r["unexpected_count"] or 0 for r in rows),
+        "critical_failures": sorted(r["expectation_key"] for r in failing if r["severity"] == "critical"),
+        "warnings": sorted(r["expectation_key"] for r in failing if r["severity"] == "warning"),
+        "docs_page": first["docs_page"], "dag_id": first["dag_id"], "dag_run_id": first["dag_run_id"],
+        "task_id": first["task_id"],
+    }
+
+
+def group_validations(rows: Iterable[Mapping]) -> OrderedDict[str, list[dict]]:
+    """Rows grouped by validation id, in the order the ids first appear."""
+    out: OrderedDict[str, list[dict]] = OrderedDict()
+    for r in rows:
+        out.setdefault(r["validation_id"], []).append(dict(r))
+    return out
+
+
+def validations(table: str | None = None, limit: int | None = None) -> list[dict]:
+    """Summaries of recorded validations, newest first (optionally of one table)."""
+    out = [summarize(rows) for rows in group_validations(read_results(table_name=table)).values()]
+    return out[:limit] if limit else out
+
+
+def latest(table: str | None = None) -> list[dict]:
+    """The latest validation per (table, suite): its summary plus ``results`` (its
+    expectation rows, failing first). Failing validations first, then by table."""
+    seen: dict[tuple, dict] = {}
+    for rows in group_validations(read_results(table_name=table)).values():
+        key = (rows[0]["table_name"], rows[0]["suite"])
+        if key not in seen:  # rows are newest first
+            seen[key] = {**summarize(rows), "results": failing_first(rows)}
+    return sorted(seen.values(), key=lambda v: (STATUSES.index(v["status"]) if v["status"] in STATUSES else 9,
+                                                v["table_name"], v["suite"]))
+
+
+def trend(table: str, limit: int = 200) -> list[dict]:
+    """The table's validations, oldest first (the last ``limit``), for the trend plot."""
+    return list(reversed(validations(table, limit)))
+
+
+def last_validated_version(table_path: str) -> int | None:
+    """The highest ``to_version`` recorded for a table path: where "since the last
+    validation" starts."""
+    versions = [r["to_version"] for r in read_results(table_path=str(table_path)) if r["to_version"] is not None]
+    return max(versions) if versions else None

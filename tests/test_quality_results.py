@@ -1,0 +1,319 @@
+"""Quality results as data: the rows an operation touched, the quality_results table, Data Docs, the UI, the CLI.
+
+Real Delta tables (delta-rs) are validated by version range with Great
+Expectations on the session's Spark; the results land in the platform table
+``quality_results`` and in Data Docs HTML; the plugin's Data quality view and
+its Data Docs route are exercised in-process through FastAPI's test client
+(the Airflow login itself, in a real browser, is tests/test_ui_browser.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from streamlake.quality import docs, results, samples
+from streamlake.quality.validate import QualityError, validate_operation, validate_table
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTEXT = {"dag_id": "streaming_ingest", "run_id": "manual__2026-11-22T03:00:00+00:00", "task_id": "quality_check"}
+
+
+def docs_failures(html_text: str) -> dict[str, str]:
+    """Failing expectations on a Data Docs validation page: {key: severity} (rows with a ✗ icon)."""
+    out = {}
+    for row in html_text.split("<tr>"):
+        if "fa-times text-danger" in row:
+            m = re.search(r"([\w:.-]+) \[(critical|warning|info)\]:", row)
+            if m:
+                out[m.group(1)] = m.group(2)
+    return out
+
+
+def silver_bad_rows(start: int) -> list[dict]:
+    rows = samples.clean_rows("silver", 4, start=start)
+    rows[0]["sensor_id"] = None                      # critical: null
+    rows[1]["temperature"] = 99.5                    # critical: out of range
+    rows[2]["event_id"] = rows[3]["event_id"]        # critical: duplicate event id
+    rows[3]["kafka_timestamp"] = None                # warning: null
+    return rows
+
+
+SILVER_BAD = {"not_null:sensor_id": "critical", "temperature_in_range": "critical", "event_id_unique": "critical",
+              "not_null:kafka_timestamp": "warning"}
+
+
+# -- the rows a version range added ---------------------------------------------------------------
+
+
+def test_read_changes_by_version_range(spark, tmp_path):
+    from deltalake import DeltaTable, write_deltalake
+    from streamlake.delta.changes import ChangesUnavailableError, read_changes
+
+    path = str(tmp_path / "silver")
+    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 3, start=0))
+    v2 = samples.write_rows(path, "silver", samples.clean_rows("silver", 2, start=10))
+    v3 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=20))
+    assert (v1, v2, v3) == (1, 2, 3)
+
+    def offsets(frm, to):
+        df, rng = read_changes(spark, path, frm, to)
+        return sorted(r.offset for r in df.select("offset").collect()), rng
+
+    assert offsets(1, 3)[0] == [10, 11, 20, 21, 22, 23]
+    assert offsets(2, None)[0] == [20, 21, 22, 23]
+    assert offsets(None, 2)[0] == [0, 1, 2, 10, 11]               # the snapshot at v2
+    got, rng = offsets(3, 3)
+    assert got == [] and (rng.from_version, rng.to_version) == (3, 3)
+    df, _ = read_changes(spark, path, 0, 3)
+    assert df.schema["event_date"].dataType.typeName() == "date"  # partition column from the paths
+    assert df.filter("event_date IS NULL").count() == 0
+
+    # a compaction rewrites files without changing data: it adds no rows
+    DeltaTable(path).optimize.compact()
+    v4 = DeltaTable(path).version()
+    assert offsets(v3, v4)[0] == []
+    assert offsets(1, v4)[0] == [10, 11, 20, 21, 22, 23]
+    # an overwrite removes what earlier commits of the range added: only its rows remain
+    write_deltalake(path, samples.arrow_table("silver", samples.clean_rows("silver", 2, start=40)), mode="overwrite")
+    v5 = DeltaTable(path).version()
+    assert offsets(0, v5)[0] == [40, 41]
+    with pytest.raises(ChangesUnavailableError):
+        read_changes(spark, path, 0, v5 + 1)
+
+
+# -- results table and Data Docs -------------------------------------------------------------------
+
+
+def test_validate_table_records_results_and_data_docs(spark, tmp_path):
+    path = str(tmp_path / "silver")
+    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=0))
+    v2 = samples.write_rows(path, "silver", silver_bad_rows(start=100))
+
+    clean = validate_table(spark, "silver", path, 0, v1, operation="ingest", context=CONTEXT)
+    assert clean.status == "PASS" and clean.rows == 4
+    bad = validate_table(spark, "silver", path, v1, v2, operation="restore", context=CONTEXT)
+    assert bad.status == "FAIL" and bad.rows == 4  # only the rows commit v2 added
+    assert {o.key: o.severity for o in bad.failures} == SILVER_BAD
+
+    # the results table: one row per expectation, the failing ones exactly as expected
+    rows = results.read_results(validation_id=bad.validation_id)
+    assert len(rows) == len(bad.outcomes)
+    assert {r["expectation_key"]: r["severity"] for r in rows if not r["success"]} == SILVER_BAD
+    by_key = {r["expectation_key"]: r for r in rows}
+    hot = by_key["temperature_in_range"]
+    assert hot["unexpected_count"] == 1 and hot["expectation"] == "expect_column_values_to_be_between"
+    assert json.loads(hot["examples"]) == [{"topic": "sensors", "partition": 101 % 3, "offset": 101,
+                                            "temperature": 99.5}]
+    assert by_key["event_id_unique"]["unexpected_count"] == 2
+    assert by_key["type:temperature"]["observed_value"] == "DoubleType"
+    for r in rows:
+        assert (r["operation"], r["table_name"], r["table_path"], r["from_version"], r["to_version"], r["rows"]) == \
+            ("restore", "silver", path, v1, v2, 4)
+        assert (r["dag_id"], r["dag_run_id"], r["task_id"]) == (CONTEXT["dag_id"], CONTEXT["run_id"], CONTEXT["task_id"])
+        assert r["suite"] == "streamlake.silver" and r["status"] == "FAIL" and r["docs_page"] == bad.docs_page
+
+    # summaries and "latest"
+    summary = next(v for v in results.validations("silver") if v["validation_id"] == bad.validation_id)
+    assert summary["critical_failures"] == sorted(k for k, s in SILVER_BAD.items() if s == "critical")
+    assert summary["warnings"] == ["not_null:kafka_timestamp"]
+    assert summary["unexpected"] == 1 + 1 + 2 + 1
+    assert summary["passed"] == summary["expectations"] - 4
+    latest = next(v for v in results.latest("silver") if v["suite"] == "streamlake.silver")
+    assert latest["validation_id"] == bad.validation_id
+    assert [r["success"] for r in latest["results"]][:4] == [False] * 4  # failing first
+    assert [r["severity"] for r in latest["results"][:4]] == ["critical"] * 3 + ["warning"]
+    assert results.last_validated_version(path) == v2
+
+    # Data Docs: the validation page shows exactly these failures, with their severities
+    page = docs.data_docs_dir() / bad.docs_page
+    html_text = page.read_text()
+    assert docs_failures(html_text) == SILVER_BAD
+    assert "streamlake.silver" in html_text and "Failed" in html_text
+    assert docs_failures((docs.data_docs_dir() / clean.docs_page).read_text()) == {}
+    index = (docs.data_docs_dir() / "index.html").read_text()
+    assert "expectations/streamlake/silver.html" in index
+    assert (docs.data_docs_dir() / "expectations" / "streamlake" / "gold.html").is_file()
+
+
+def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):
+    root = tmp_path / "lake"
+    tables = {t: str(root / t) for t in ("silver", "gold", "quarantine")}
+    samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 3, start=200))
+    g1 = samples.write_rows(tables["gold"], "gold", samples.clean_rows("gold", 3))
+    gold_bad = samples.clean_rows("gold", 2, start=5)
+    gold_bad[0]["window_end"] = gold_bad[0]["window_start"]
+    g2 = samples.write_rows(tables["gold"], "gold", gold_bad)
+    # quarantine does not exist yet: skipped
+
+    with pytest.raises(QualityError) as err:
+        validate_operation(tables, {"gold": (g1, g2)}, "backfill", CONTEXT, spark=spark)
+    message = str(err.value)
+    assert "window_end_after_start [critical]" in message and "1 of 2 validations" in message
+    reports = err.value.reports
+    assert [r.table for r in reports] == ["silver", "gold"]
+    assert len({r.run_id for r in reports}) == 1
+    silver, gold = reports
+    assert silver.status == "PASS" and (silver.from_version, silver.to_version) == (None, 1)
+    assert gold.failing_keys() == {"window_end_after_start"} and gold.rows == 2
+    recorded = results.read_results(run_id=silver.run_id)
+    assert {r["table_name"] for r in recorded} == {"silver", "gold"}
+    assert {r["operation"] for r in recorded} == {"backfill"}
+    assert all((docs.data_docs_dir() / r.docs_page).is_file() for r in reports)
+
+    # the next operation validates what was added since (last validated version .. latest)
+    s2 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 2, start=300))
+    again = validate_operation({"silver": tables["silver"]}, None, "savepoint", {}, spark=spark, job_running=True)
+    assert [(r.from_version, r.to_version, r.rows, r.status) for r in again] == [(1, s2, 2, "PASS")]
+    assert "freshness" in {o.key for o in again[0].outcomes}
+
+
+# -- the UI view and the Data Docs route -----------------------------------------------------------
+
+
+def _plugin():
+    spec = importlib.util.spec_from_file_location("streamlake_views_under_test", ROOT / "plugins" / "streamlake_views.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ui():
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    plugin = _plugin()
+    logged_in = TestClient(plugin.app, root_path="/streamlake")
+    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
+    anonymous = TestClient(_plugin().app, root_path="/streamlake")  # a separate app: no override
+    yield plugin, logged_in, anonymous
+    plugin.app.dependency_overrides.clear()
+
+
+def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
+    plugin, client, _ = ui
+    names = [v["name"] for v in plugin.StreamLakePlugin.external_views]
+    assert names == ["Savepoints", "Consistency checks", "Operations", "Data quality"]
+
+    path = str(tmp_path / "silver")
+    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=500))
+    validate_table(spark, "silver", path, 0, v1, operation="ingest", context=CONTEXT)
+    v2 = samples.write_rows(path, "silver", silver_bad_rows(start=600))
+    bad = validate_table(spark, "silver", path, v1, v2, operation="restore", context=CONTEXT)
+    qpath = str(tmp_path / "quarantine")
+    q_rows = samples.clean_rows("quarantine", 3)
+    q_rows[0]["reason"] = "cosmic_ray"
+    validate_table(spark, "quarantine", qpath, None, samples.write_rows(qpath, "quarantine", q_rows),
+                   operation="ingest", context={})
+
+    page = client.get("/quality")
+    assert page.status_code == 200
+    text = page.text
+    section = text[text.index(f"id='v-{bad.validation_id}'"):]
+    section = section[: section.index("</section>")]
+    failing = dict(re.findall(r"<tr class='failing' data-key='([^']+)' data-severity='([^']+)'>", section))
+    assert failing == SILVER_BAD
+    # failing expectations come before passing ones
+    assert section.index("class='failing'") < section.index("class='passing'")
+    assert section.rindex("class='failing'") < section.index("class='passing'")
+    # link to the DAG run and task, and to the Data Docs page served by the plugin
+    assert "href='/dags/streaming_ingest/runs/manual__2026-11-22T03%3A00%3A00%2B00%3A00' target='_top'" in section
+    assert "/tasks/quality_check" in section
+    assert f"href='quality/docs/{bad.docs_page}'" in section
+    assert "(v1, v2]" in section and "restore" in section
+    # the quarantine result, its unknown reason, and trend plots per table
+    assert "data-key='reason_known' data-severity='critical'" in text
+    assert "not from a DAG run" in text
+    for table in ("silver", "quarantine"):
+        assert f"<div class='trend-box' id='trend-{table}'><svg" in text
+    assert "class=\"point FAIL\"" in text and "class=\"bar\"" in text
+    # the summary lists failing validations first
+    summary = text[: text.index("<h2>Trend</h2>")]
+    statuses = re.findall(r"<td class='(PASS|WARN|FAIL)'>", summary)
+    assert statuses == sorted(statuses, key=["FAIL", "WARN", "PASS"].index) and statuses[0] == "FAIL"
+
+    doc = client.get(f"/quality/docs/{bad.docs_page}")
+    assert doc.status_code == 200 and doc.headers["content-type"].startswith("text/html")
+    assert docs_failures(doc.text) == SILVER_BAD
+    assert client.get("/quality/docs/index.html").status_code == 200
+    assert client.get("/quality/docs/static/styles/data_docs_custom_styles_template.css").status_code in (200, 404)
+    redirect = client.get("/quality/docs", follow_redirects=False)
+    assert redirect.status_code in (302, 307) and redirect.headers["location"].endswith("docs/index.html")
+    api = client.get("/api/quality", params={"table": "silver"}).json()
+    assert api[0]["validation_id"] == bad.validation_id and api[0]["status"] == "FAIL"
+    assert client.get("/api/quality/validations").status_code == 200
+
+
+def test_docs_route_rejects_paths_outside_the_docs_folder(ui, tmp_path):
+    _, client, _ = ui
+    secret = docs.quality_dir() / "secret.txt"
+    secret.write_text("not for the web")
+    (docs.data_docs_dir()).mkdir(parents=True, exist_ok=True)
+    link = docs.data_docs_dir() / "escape.txt"
+    if not link.exists():
+        link.symlink_to(secret)
+    for bad in ("../secret.txt", "..%2Fsecret.txt", "%2e%2e/secret.txt", "static/../../secret.txt",
+                "%2Fetc%2Fpasswd", "escape.txt", "nope.html"):
+        resp = client.get(f"/quality/docs/{bad}")
+        assert resp.status_code == 404, (bad, resp.status_code)
+        assert "not for the web" not in resp.text
+    assert docs.resolve_page("../secret.txt") is None
+    assert docs.resolve_page("/etc/passwd") is None
+    assert docs.resolve_page("escape.txt") is None
+
+
+def test_every_streamlake_page_needs_a_login(ui):
+    _, _, anonymous = ui
+    for url in ("/quality", "/quality/docs/index.html", "/quality/docs/no/such/page.html", "/api/quality",
+                "/api/quality/validations", "/savepoints",
+                "/checks", "/operations", "/api/checks", "/api/savepoints"):
+        assert anonymous.get(url, follow_redirects=False).status_code == 401, url
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _cli(argv):
+    from streamlake.cli import quality as quality_cli
+
+    parser = argparse.ArgumentParser(prog="streamlake")
+    quality_cli.add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_quality_run_and_show(spark, tmp_path, capsys):
+    root = tmp_path / "lake"
+    v1 = samples.write_rows(root / "gold", "gold", samples.clean_rows("gold", 3))
+    assert _cli(["quality", "run", "--table", "gold", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "gold v1 (snapshot), 3 rows, suite streamlake.gold: PASS" in out
+
+    bad = samples.clean_rows("gold", 2, start=9)
+    bad[1]["count"] = 0
+    bad[0]["max_temperature"] = 95.0  # warning only
+    v2 = samples.write_rows(root / "gold", "gold", bad)
+    assert _cli(["quality", "run", "--table", "gold", "--path", str(root / "gold"), "--from-version", str(v1),
+                 "--to-version", str(v2)]) == 1
+    out = capsys.readouterr().out
+    assert f"gold (v{v1}, v{v2}], 2 rows" in out and ": FAIL" in out
+    assert "CRITICAL: count_at_least_1 [critical]" in out and "WARNING: max_temperature_in_range [warning]" in out
+
+    warn = samples.clean_rows("gold", 1, start=20)
+    warn[0]["max_temperature"] = 95.0
+    v3 = samples.write_rows(root / "gold", "gold", warn)
+    assert _cli(["quality", "run", "--table", "gold", "--root", str(root), "--from-version", str(v2), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "WARN" and report["to_version"] == v3 and report["warnings"] == ["max_temperature_in_range"]
+
+    assert _cli(["quality", "show", "--table", "gold"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("WARN  gold") and "max_temperature_in_range" in out
+
+    with pytest.raises(FileNotFoundError):
+        _cli(["quality", "run", "--table", "silver", "--root", str(tmp_path / "nowhere")])
