@@ -43,10 +43,14 @@ _STYLE = """
 """
 
 
-def _page(title: str, body: str) -> HTMLResponse:
-    nav = ('<nav><a href="savepoints">Savepoints</a><a href="checks">Consistency checks</a>'
-           '<a href="operations">Operations</a><a href="quality">Data quality</a></nav>')
-    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+def _page(title: str, body: str, base: str | None = None) -> HTMLResponse:
+    """A page of the app; ``base`` (e.g. ``"../"``) for pages below the app's top level, so
+    the relative links (navigation, forms) still point into the app."""
+    nav = ('<nav><a href="late-events">Late events</a><a href="quality">Data quality</a>'
+           '<a href="savepoints">Savepoints</a><a href="checks">Consistency checks</a>'
+           '<a href="operations">Operations</a></nav>')
+    head = f"<base href='{html.escape(base)}'>" if base else ""
+    return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'>{head}<title>{html.escape(title)}</title>"
                         f"{_STYLE}</head><body>{nav}<h1>{html.escape(title)}</h1>{body}</body></html>")
 
 
@@ -306,6 +310,104 @@ def quality_docs(page: str):
     return FileResponse(path, media_type=media_type)
 
 
+# -- late events ------------------------------------------------------------------------------------
+
+
+def _job_or_demo(job: str | None):
+    from streamlake.operations.jobs import DEMO_JOB, load_job
+
+    return load_job(job or DEMO_JOB)
+
+
+@app.get("/api/late-events")
+def api_late_events(job: str | None = None) -> list[dict]:
+    from streamlake.pipeline.late_events import hourly_summary
+
+    return json.loads(json.dumps(hourly_summary(_job_or_demo(job).table_path("late_events")), default=str))
+
+
+@app.get("/late-events", response_class=HTMLResponse)
+def late_events(request: Request, job: str | None = Query(None)) -> HTMLResponse:
+    """Pending and applied late events per hour of event time, the windows they touch, and a
+    link to the prefilled backfill form for that hour."""
+    from streamlake.pipeline.late_events import hourly_summary
+
+    spec = _job_or_demo(job)
+    rows = []
+    for h in hourly_summary(spec.table_path("late_events")):
+        form = (f"late-events/backfill?job={quote(spec.name)}&start={quote(h['hour'].isoformat())}"
+                f"&end={quote(h['end'].isoformat())}")
+        action = (f"<td><a class='backfill-link' href='{html.escape(form)}'>backfill this hour</a></td>"
+                  if h["pending"] else "<td class='muted'>nothing pending</td>")
+        rows.append([_td(f"{h['hour']:%Y-%m-%d %H:00} UTC"), _td(h["pending"], "num" + (" FAIL" if h["pending"] else "")),
+                     _td(h["applied"], "num"), _td(h["windows"], "num"),
+                     _td(", ".join(h["example_windows"]) + (" ..." if h["windows"] > len(h["example_windows"]) else "")),
+                     action])
+    body = _table(["event-time hour", "pending", "applied", "gold windows to restate", "some of them", ""], rows,
+                  "No late events: every event arrived before its window closed.")
+    intro = (f"<p>Job <b>{html.escape(spec.name)}</b>: events that arrived after their window had closed. Gold "
+             f"keeps them here until the <b>backfill_late_data</b> DAG restates their windows from silver "
+             f"(<a href='late-events/backfill?job={quote(spec.name)}&all_pending=true'>backfill all pending</a>, or "
+             f"<code>streamlake backfill --job {html.escape(spec.name)}</code>).</p>")
+    return _page("Late events", intro + body)
+
+
+@app.get("/late-events/backfill", response_class=HTMLResponse)
+def backfill_form(job: str | None = Query(None), start: str | None = Query(None), end: str | None = Query(None),
+                  all_pending: bool = Query(False)) -> HTMLResponse:
+    """The backfill trigger form, filled in for a range (Airflow 3.3's own form cannot be
+    opened from a link with values)."""
+    spec = _job_or_demo(job)
+    value = lambda v: html.escape((v or "")[:19])  # noqa: E731 - datetime-local wants YYYY-MM-DDTHH:MM:SS
+    body = f"""<form method='post' action='late-events/backfill'>
+      <input type='hidden' name='job' value='{html.escape(spec.name)}'>
+      <p><label>Event time from (UTC) <input type='datetime-local' step='1' name='start' value='{value(start)}'></label>
+         <label>to <input type='datetime-local' step='1' name='end' value='{value(end)}'></label></p>
+      <p><label><input type='checkbox' name='all_pending' value='true' {'checked' if all_pending else ''}>
+         all pending late events (ignore the range)</label></p>
+      <p><label><input type='checkbox' name='dry_run' value='true'> dry run: list what would change, change nothing
+         </label></p>
+      <p><button type='submit'>Trigger backfill_late_data</button></p></form>
+      <p class='muted'>Triggers a run of the <b>backfill_late_data</b> DAG as you, with this range; the run restates
+      the windows, marks the late events applied and proves gold equals a recompute from silver.</p>"""
+    return _page(f"Backfill late events of {spec.name}", body, base="../")
+
+
+@app.post("/late-events/backfill", response_class=HTMLResponse)
+async def trigger_backfill(request: Request) -> HTMLResponse:
+    """Trigger ``backfill_late_data`` through Airflow's REST API with the caller's own login."""
+    import urllib.error
+    import urllib.request
+
+    form = dict((await request.form()).items())
+    conf = {"job": form.get("job"), "all_pending": form.get("all_pending") == "true",
+            "dry_run": form.get("dry_run") == "true",
+            "start": f"{form['start']}+00:00" if form.get("start") else None,
+            "end": f"{form['end']}+00:00" if form.get("end") else None}
+    token = request.cookies.get("_token") or request.headers.get("authorization", "").removeprefix("Bearer ")
+    base = str(request.base_url).rstrip("/")
+    base = base[: -len("/streamlake")] if base.endswith("/streamlake") else base
+    call = urllib.request.Request(f"{base}/api/v2/dags/backfill_late_data/dagRuns", method="POST",
+                                  data=json.dumps({"logical_date": None, "conf": conf}).encode(),
+                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    def post():
+        with urllib.request.urlopen(call, timeout=30) as resp:
+            return json.load(resp)
+
+    try:
+        import anyio
+
+        run = await anyio.to_thread.run_sync(post)  # Airflow's API may be served by this very process
+    except urllib.error.HTTPError as exc:
+        return _page("Backfill not triggered", f"<p class='FAIL'>Airflow answered {exc.code}: "
+                                               f"{html.escape(exc.read().decode(errors='replace')[:500])}</p>",
+                     base="../")
+    url = f"{_airflow_base(request)}/dags/backfill_late_data/runs/{quote(run['dag_run_id'], safe='')}"
+    return _page("Backfill triggered", f"<p class='PASS'>Run <a href='{html.escape(url)}' target='_top'>"
+                                       f"{html.escape(run['dag_run_id'])}</a> of backfill_late_data: "
+                                       f"<code>{html.escape(json.dumps(conf))}</code></p>", base="../")
+
+
 class StreamLakePlugin(AirflowPlugin):
     name = "streamlake"
     fastapi_apps = [{"app": app, "url_prefix": "/streamlake", "name": "StreamLake"}]
@@ -316,6 +418,8 @@ class StreamLakePlugin(AirflowPlugin):
          "category": "StreamLake", "url_route": "streamlake-checks"},
         {"name": "Operations", "href": "/streamlake/operations", "destination": "nav", "category": "StreamLake",
          "url_route": "streamlake-operations"},
+        {"name": "Late events", "href": "/streamlake/late-events", "destination": "nav", "category": "StreamLake",
+         "url_route": "streamlake-late-events"},
         {"name": "Data quality", "href": "/streamlake/quality", "destination": "nav", "category": "StreamLake",
          "url_route": "streamlake-quality"},
     ]

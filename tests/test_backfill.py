@@ -136,3 +136,42 @@ def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produc
     applied = read_table(spark, cfg.table("late_events"), LATE_EVENTS).where("applied")
     assert applied.count() == applied.select("topic", "partition", "offset").distinct().count()
     assert sum(r.late_events for r in results) + final.late_events == applied.count()
+
+
+def test_late_events_view_shows_pending_hours_and_links_the_prefilled_backfill_form(spark, with_late_events):
+    """StreamLake -> Late events: pending and applied counts per hour, the windows they touch,
+    a link to the backfill form filled in for that hour; after a backfill, nothing pending."""
+    import importlib.util
+    from pathlib import Path
+
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    from streamlake.operations.jobs import JobSpec, save_job
+
+    cfg = with_late_events
+    job = save_job(JobSpec(name=f"view_{Path(cfg.root).parent.name[-20:]}", topics=list(cfg.topics), root=cfg.root))
+    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
+    spec = importlib.util.spec_from_file_location("streamlake_views_late", path)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    assert "Late events" in [v["name"] for v in plugin.StreamLakePlugin.external_views]
+    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
+    client = TestClient(plugin.app, root_path="/streamlake")
+    try:
+        hours = client.get(f"/api/late-events?job={job.name}").json()
+        assert hours and sum(h["pending"] for h in hours) == read_table(
+            spark, cfg.table("late_events"), LATE_EVENTS).where("NOT applied").count()
+        assert all(h["windows"] >= 1 for h in hours if h["pending"])
+        page = client.get(f"/late-events?job={job.name}").text
+        assert "backfill this hour" in page and "gold windows to restate" in page
+        link = page.split("class='backfill-link' href='")[1].split("'")[0].replace("&amp;", "&")
+        form = client.get("/" + link).text
+        hour = hours[0]["hour"][:19].replace(" ", "T")
+        assert "type='datetime-local'" in form and hour in form and "Trigger backfill_late_data" in form
+        run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING)
+        after = client.get(f"/api/late-events?job={job.name}").json()
+        assert sum(h["pending"] for h in after) == 0 and sum(h["applied"] for h in after) > 0
+        assert "nothing pending" in client.get(f"/late-events?job={job.name}").text
+    finally:
+        plugin.app.dependency_overrides.clear()

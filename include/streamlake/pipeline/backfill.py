@@ -45,7 +45,7 @@ import pyarrow.dataset as ds
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import ensure_table, files_overlapping, open_table, read_files, snapshot_files
+from streamlake.delta.table import ensure_table, files_overlapping, open_table, read_files
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.gold import (
     _row,
@@ -365,23 +365,3 @@ def _mark_applied(late_path: str, late: pa.Table, run_id: str) -> None:
             log.warning("backfill %s: marking late events lost a commit race (%s); again", run_id, exc)
     raise BackfillError(f"backfill {run_id}: could not mark the late events applied after {MAX_ATTEMPTS} tries; "
                         "run the backfill again (it will only mark them)")
-
-
-def late_event_counts(late_path: str) -> pa.Table:
-    """Pending and applied late events per hour of event time (for the UI and the CLI)."""
-    table = open_table(late_path)
-    files = snapshot_files(table)
-    if not files:
-        return pa.table({"hour": pa.array([], pa.timestamp("us", tz="UTC")), "pending": pa.array([], pa.int64()),
-                         "applied": pa.array([], pa.int64()), "windows": pa.array([], pa.int64())})
-    data = ds.dataset(files, format="parquet", schema=LATE_EVENTS.file_schema).to_table(
-        columns=["event_time", "applied", "windows"])
-    hours = pc.floor_temporal(data.column("event_time"), unit="hour")
-    data = data.append_column("hour", hours).append_column("pending", pc.invert(data.column("applied")))
-    grouped = data.group_by("hour").aggregate([("pending", "sum"), ("applied", "sum"), ("windows", "count")])
-    out = pa.table({"hour": grouped.column("hour"),
-                    "pending": pc.cast(grouped.column("pending_sum"), pa.int64()),
-                    "applied": pc.cast(grouped.column("applied_sum"), pa.int64()),
-                    "late_events": grouped.column("windows_count")})
-    return out.sort_by("hour")
-
