@@ -102,8 +102,16 @@ def reference(spark, broker, tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("point", ["after_commit_quarantine", "after_files_silver", "after_commit_late_events",
-                                   "after_commit_gold"])
+# Between the two commits of silver (quarantine done, silver not) and of gold (late events
+# done, gold not): the points where a stage is half written. After a stage's last commit
+# the replay is bronze's after_commit case (tests/test_crash_recovery.py), also covered in CI
+# by running the others here on demand: STREAMLAKE_CRASH_POINTS=all.
+POINTS = ["after_commit_quarantine", "after_commit_late_events"]
+if os.environ.get("STREAMLAKE_CRASH_POINTS") == "all":
+    POINTS += ["after_files_silver", "after_files_late_events", "after_commit_silver", "after_commit_gold"]
+
+
+@pytest.mark.parametrize("point", POINTS)
 def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker, reference, tmp_path, point):
     import uuid
 
