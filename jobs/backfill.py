@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     finally:
         spark.stop()
-    print(summary.get("summary", summary.get("error")), flush=True)
-    for window in summary.get("window_list", []):
-        print(f"  window {window}", flush=True)
-    if args.result:
+    if args.result:  # the caller (CLI, DAG task) reports it
         Path(args.result).write_text(json.dumps(summary, indent=2, default=str))
+    else:
+        print(summary.get("summary", summary.get("error")), flush=True)
+        for window in summary.get("window_list", []):
+            print(f"  window {window}", flush=True)
     return code
 
 

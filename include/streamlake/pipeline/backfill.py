@@ -120,6 +120,8 @@ class BackfillResult:
         what = "would restate" if self.dry_run else "restated"
         where = (f"event time [{self.range_start}, {self.range_end})" if self.range_start or self.range_end
                  else "all pending late events")
+        if not self.late_events:
+            return f"backfill {self.run_id} ({where}): nothing pending, gold unchanged"
         text = (f"backfill {self.run_id} ({where}): {what} {self.windows} window(s) from silver version "
                 f"{self.silver_version} for {self.late_events} late event(s)")
         if not self.dry_run:
