@@ -6,7 +6,8 @@
 Usually started by ``streamlake backfill`` or the ``backfill_late_data`` DAG; the
 logic is :func:`streamlake.operations.backfills.backfill_job`. Without a range it
 applies every pending late event. Exit status: 0 done (or dry run), 3 the proof
-after the backfill failed (recorded), 2 a platform error, 1 anything else.
+after the backfill or a critical data-quality expectation failed (recorded),
+2 a platform error, 1 anything else.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from streamlake.spark.session import get_spark
 def main(argv: list[str] | None = None) -> int:
     from streamlake.errors import StreamLakeError
     from streamlake.operations.consistency import ConsistencyError
+    from streamlake.quality.validate import QualityError
 
     parser = argparse.ArgumentParser(prog="backfill", description=__doc__.split("\n")[0])
     parser.add_argument("--job", required=True, help="the named job whose gold to backfill")
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = backfill_job(spark, load_job(args.job), parse_time(args.start), parse_time(args.end),
                                dry_run=args.dry_run, run_id=args.run_id, context=json.loads(args.context))
-    except ConsistencyError as exc:
+    except (ConsistencyError, QualityError) as exc:
         summary, code = {"error": str(exc), "passed": False}, 3
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
     except StreamLakeError as exc:

@@ -9,9 +9,12 @@ entrypoint ``jobs/backfill.py`` run (the algorithm itself is
    batch recompute from silver and every late event the backfill saw is marked
    applied (:func:`streamlake.operations.pipeline_checks.check_gold`), and every
    bronze row is accounted for once (:func:`~streamlake.operations.pipeline_checks.account_for_bronze`);
-3. record the checks in ``consistency_checks`` and the backfill in ``operations``.
+3. record the checks in ``consistency_checks`` and the backfill in ``operations``;
+4. validate data quality of what it changed (gold, late_events) with Great
+   Expectations (:mod:`streamlake.quality`).
 
-Raises ConsistencyError (after recording) when a proof fails.
+Raises ConsistencyError (after recording) when a proof fails, QualityError when
+a critical expectation fails.
 """
 
 from __future__ import annotations
@@ -66,5 +69,11 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
     summary["checks"] = checks
     for check in checks:
         log.info("%s", check["summary"])
+    from streamlake.quality.validate import require_quality, validate_operation
+
+    reports = validate_operation({t: tables[t] for t in ("gold", "late_events")}, None, "backfill", context,
+                                 spark=spark, raise_on_critical=False)
+    summary["quality"] = [{"table": r.table, "status": r.status, "rows": r.rows} for r in reports]
     require_passed(checks)
+    require_quality(reports)
     return summary

@@ -50,10 +50,12 @@ class Stage(Protocol):
 
 def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available_now: bool,
                report: Callable[[str], None] = print, poll_s: float = 1.0, mode: str | None = None,
-               query_name: str = "") -> dict:
+               query_name: str = "", record: bool = True) -> dict:
     """Run ``stages`` until they end (available-now) or are stopped; see the module docstring.
 
-    Returns a summary (batches and rows per stage, seconds, whether stopped).
+    Returns a summary (batches and rows per stage, the stages' own counts summed:
+    quarantined, duplicates, late...; seconds; whether stopped), recorded in the
+    ``operations`` table as a ``pipeline-run`` of ``query_name`` when ``record``.
     Re-raises the first query failure after stopping the other queries."""
     started = time.monotonic()
     totals = {stage.name: {"batches": 0, "rows": 0} for stage in stages}
@@ -63,7 +65,9 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
         control.write_state(mode=mode or ("available-now" if available_now else "continuous"),
                             pid=os.getpid(), started_at=time.time(), query_name=query_name,
                             stages=[s.name for s in stages])
-        follower = _Follower(control, report, poll_s, totals)
+        follower = _Follower(control, report, poll_s, totals,
+                             on_interval=(lambda t: _record_progress(query_name, t)) if record and not available_now
+                             else None)
         stopped = False
         pending = list(stages)
         while pending:
@@ -86,17 +90,51 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
             report("resuming")
         control.clear_requests()
     rows = {name: t["rows"] for name, t in totals.items()}
-    return {"batches": sum(t["batches"] for t in totals.values()), "rows": next(iter(rows.values()), 0),
-            "stages": totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
+    summary = {"batches": sum(t["batches"] for t in totals.values()), "rows": next(iter(rows.values()), 0),
+               "stages": totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
+    if record and summary["batches"]:
+        from streamlake.operations.records import record_operation
+
+        record_operation("pipeline-run", query_name, {**summary, "mode": mode or (
+            "available-now" if available_now else "continuous")})
+    return summary
+
+
+RECORD_EVERY_S = 300  # a continuous run records its counts in the operations table this often
+
+
+def _record_progress(job: str, totals: dict) -> None:
+    from streamlake.operations.records import record_operation
+
+    try:
+        record_operation("pipeline-progress", job, {"stages": totals, "mode": "continuous"})
+    except Exception:  # noqa: BLE001 - bookkeeping must never stop the job
+        log.exception("could not record the pipeline's progress")
 
 
 class _Follower:
-    """Reports progress of running queries and handles stop/pause requests."""
+    """Reports progress of running queries and handles stop/pause requests; every
+    RECORD_EVERY_S seconds hands the counts since the last time to ``on_interval``."""
 
-    def __init__(self, control: JobControl, report: Callable[[str], None], poll_s: float, totals: dict):
+    def __init__(self, control: JobControl, report: Callable[[str], None], poll_s: float, totals: dict,
+                 on_interval: Callable[[dict], None] | None = None):
         self.control, self.report, self.poll_s, self.totals = control, report, poll_s, totals
+        self.on_interval = on_interval
+        self.interval_start, self.interval_totals = time.monotonic(), self._snapshot()
         self.progress_path = control.progress_file
         self.progress_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _snapshot(self) -> dict:
+        return {stage: dict(t) for stage, t in self.totals.items()}
+
+    def _maybe_record(self) -> None:
+        if self.on_interval is None or time.monotonic() - self.interval_start < RECORD_EVERY_S:
+            return
+        now = self._snapshot()
+        since = {stage: {k: v - self.interval_totals.get(stage, {}).get(k, 0) for k, v in t.items()}
+                 for stage, t in now.items()}
+        self.on_interval(since)
+        self.interval_start, self.interval_totals = time.monotonic(), now
 
     def follow(self, running: list[RunningQuery]) -> str:
         """Until every query ended: "finished", "stopped" or "paused"."""
@@ -110,6 +148,7 @@ class _Follower:
                     if r.query.exception() is not None:
                         raise r.query.exception()
                 self._drain(running, seen)
+                self._maybe_record()
                 request = "stopped" if self.control.stop_requested() else \
                     "paused" if self.control.pause_requested() else None
                 if request:
@@ -139,8 +178,12 @@ class _Follower:
                 except Exception:  # noqa: BLE001 - reporting must never stop the job
                     log.exception("could not report progress of %s batch %s", r.stage, p.get("batchId"))
                     continue
-                self.totals[r.stage]["batches"] += 1
-                self.totals[r.stage]["rows"] += line.get("numInputRows", 0)
+                stage_totals = self.totals[r.stage]
+                stage_totals["batches"] += 1
+                stage_totals["rows"] += line.get("numInputRows", 0)
+                for key in _COUNTED:
+                    if isinstance(line.get(key), int):
+                        stage_totals[key] = stage_totals.get(key, 0) + line[key]
                 with self.progress_path.open("a") as fh:
                     fh.write(json.dumps(line, default=str) + "\n")
                 self.report(format_line(line))
@@ -153,6 +196,8 @@ def stop_at_boundary(query) -> None:
     query.stop()
 
 
+# Counts of a stage's progress line that a run's summary adds up.
+_COUNTED = ("quarantined", "duplicates", "events", "valid", "late", "windows")
 _PLAIN_KEYS = {"stage", "batchId", "timestamp", "numInputRows", "processedRowsPerSecond", "durationMs", "endOffset"}
 
 
