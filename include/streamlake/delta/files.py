@@ -1,20 +1,30 @@
-"""Pre-commit phase of the Delta sink: Spark writes the micro-batch's Parquet files.
+"""Pre-commit phase of the Delta sinks: the Parquet files of one commit attempt.
 
-Each commit attempt writes its rows with Spark's own Parquet writer into a
-directory of its own inside the table (``<partition>/attempt-<id>/`` when the
-whole batch goes to one partition, as in bronze; ``attempt-<id>/<partition>/``
-when Spark partitions the rows by the table's partition columns), then the
-driver reads the files' footers (row counts, column statistics) to build Delta
-``add`` actions. Until the commit, no snapshot references these files: readers
-cannot see them, and an attempt that dies leaves files no commit will ever
-reference. ``DeltaTable.vacuum(full=True)`` deletes those (delta-rs's default
-"lite" vacuum only deletes files that commits removed), and so does
-:func:`streamlake.delta.table.vacuum_table`, which also deletes the ``_temporary``
-directory a Spark job killed mid-write leaves behind (Delta skips it as hidden).
+Each commit attempt writes its rows into a directory of its own inside the
+table (``<partition>/attempt-<id>/`` when the whole batch goes to one
+partition, as in bronze; ``attempt-<id>/<partition>/`` when Spark partitions
+the rows by the table's partition columns), and the driver turns the files'
+descriptions (row counts, column statistics) into Delta ``add`` actions. Until
+the commit, no snapshot references these files: readers cannot see them, and
+an attempt that dies leaves files no commit will ever reference.
+``DeltaTable.vacuum(full=True)`` deletes those (delta-rs's default "lite"
+vacuum only deletes files that commits removed), and so does
+:func:`streamlake.delta.table.vacuum_table`, which also deletes the
+``_temporary`` directory a Spark job killed mid-write leaves behind (Delta
+skips it as hidden).
 
-Spark's writer (JVM) is used rather than writing from Python: handing 1 KB
-records back from the JVM to Python workers cost 3-4x more than the whole write
-(see bench/results).
+Two writers fill an attempt directory:
+
+* :func:`write_attempt_files`: Spark's own Parquet writer (JVM) writes a
+  DataFrame; the driver reads the footers. Used by the silver and gold stages,
+  and by bronze with ``writer="spark"``.
+* :class:`AttemptFileWriter`: the tasks that *produce* the rows write them with
+  pyarrow, where they are (bronze's fast path: the Kafka source's read tasks,
+  ``output=files``), and hand the driver only a :class:`DataFile` as JSON. The
+  payload never crosses into the JVM. Everything a task needs (directory,
+  columns, constant columns, statistics columns) travels as a
+  :class:`FileTarget`. This part imports pyarrow only (it runs in Spark's
+  Python workers); delta-rs is imported where ``add`` actions are built.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 from urllib.parse import unquote
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake.transaction import AddAction
 
 ATTEMPT_PREFIX = "attempt-"
 # Spark settings the files must be written with (readable by delta-rs and Delta Spark).
@@ -114,6 +125,154 @@ def describe_file(table_root: str, rel_path: str, stats_columns: Sequence[str]) 
                     single("topic"), single("partition"), mins.get("offset"))
 
 
+def attempt_directory(attempt_id: str, partition_values: Mapping[str, str] | None = None) -> str:
+    """Directory of a commit attempt, relative to the table: ``<partition>/attempt-<id>``
+    when all its rows go to one partition, else ``attempt-<id>``."""
+    prefix = partition_path(partition_values) if partition_values else ""
+    return "/".join(p for p in (prefix, ATTEMPT_PREFIX + attempt_id) if p)
+
+
+def data_file_to_json(f: DataFile) -> str:
+    """A file description as the compact JSON a task hands to the driver."""
+    return json.dumps({"path": f.path, "size": f.size, "modificationTime": f.modification_time,
+                       "numRecords": f.num_records, "stats": f.stats, "topic": f.topic, "partition": f.partition,
+                       "minOffset": f.min_offset, "partitionValues": dict(f.partition_values)},
+                      separators=(",", ":"))
+
+
+def data_file_from_json(text: str) -> DataFile:
+    d = json.loads(text)
+    return DataFile(d["path"], int(d["size"]), int(d["modificationTime"]), int(d["numRecords"]), d["stats"],
+                    d.get("topic"), d.get("partition"), d.get("minOffset"), dict(d.get("partitionValues") or {}))
+
+
+# Types of constant columns a FileTarget can carry (JSON has no Arrow types).
+CONSTANT_TYPES: dict[str, pa.DataType] = {
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "string": pa.string(),
+    "date32": pa.date32(),
+    "timestamp_us_utc": pa.timestamp("us", tz="UTC"),  # value: epoch microseconds
+}
+
+
+@dataclass(frozen=True)
+class FileTarget:
+    """Where and how a task writes its Parquet files of one commit attempt.
+
+    ``directory`` is the attempt directory relative to the table ``root``;
+    ``columns`` are the data files' columns in order: the columns of the
+    batches a task writes plus ``constants`` (name -> (type name in
+    :data:`CONSTANT_TYPES`, value)), the same for every row of the attempt
+    (bronze: ``ingest_time``, ``batch_id``). ``stats_columns`` get min/max/null
+    counts in the Delta stats. JSON-able, so the driver can hand it to tasks.
+    """
+
+    root: str
+    directory: str
+    columns: tuple[str, ...]
+    constants: Mapping[str, tuple[str, object]] = field(default_factory=dict)
+    stats_columns: tuple[str, ...] = ()
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"root": self.root, "directory": self.directory, "columns": list(self.columns),
+                           "constants": {k: list(v) for k, v in self.constants.items()},
+                           "statsColumns": list(self.stats_columns),
+                           "partitionValues": dict(self.partition_values)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "FileTarget":
+        d = json.loads(text)
+        return cls(d["root"], d["directory"], tuple(d["columns"]),
+                   {k: (v[0], v[1]) for k, v in d.get("constants", {}).items()},
+                   tuple(d.get("statsColumns", ())), dict(d.get("partitionValues") or {}))
+
+    def constant_arrays(self, n: int) -> dict[str, pa.Array]:
+        out = {}
+        for name, (type_name, value) in self.constants.items():
+            if type_name not in CONSTANT_TYPES:
+                raise ValueError(f"constant column {name}: unsupported type {type_name!r}")
+            arrow_type = CONSTANT_TYPES[type_name]
+            if type_name == "timestamp_us_utc":
+                out[name] = pa.repeat(pa.scalar(int(value), pa.int64()), n).cast(arrow_type)
+            else:
+                out[name] = pa.repeat(pa.scalar(value, arrow_type), n)
+        return out
+
+
+class AttemptFileWriter:
+    """One Parquet file of a commit attempt, written with pyarrow from record batches
+    (executor side). :meth:`close` returns its :class:`DataFile` (None if no row was
+    written: no file is left behind then).
+
+    Statistics for the Delta log are computed from the data as it is written
+    (no footer read); the Parquet footer keeps statistics for the non-binary
+    columns only, and binary columns (the payload) skip dictionary encoding, which
+    never pays for them and costs CPU on every row.
+    """
+
+    def __init__(self, target: FileTarget, name: str):
+        self.target = target
+        self.rel_path = f"{target.directory}/{name}"
+        self.full_path = os.path.join(target.root, self.rel_path)
+        self._writer: pq.ParquetWriter | None = None
+        self.num_records = 0
+        self._mins: dict = {}
+        self._maxs: dict = {}
+        self._nulls: dict = {}
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        if not n:
+            return
+        constants = self.target.constant_arrays(n)
+        arrays = [constants[c] if c in constants else batch.column(c) for c in self.target.columns]
+        if self._writer is None:
+            schema = pa.schema([pa.field(c, a.type) for c, a in zip(self.target.columns, arrays)])
+            plain = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+            simple = [f.name for f in schema if not pa.types.is_nested(f.type) and f.name not in plain]
+            os.makedirs(os.path.dirname(self.full_path), exist_ok=True)
+            self._writer = pq.ParquetWriter(self.full_path, schema, compression="snappy",
+                                            use_dictionary=[c for c in simple], write_statistics=simple)
+        out = pa.RecordBatch.from_arrays(arrays, schema=self._writer.schema)
+        self._writer.write_batch(out)
+        self.num_records += n
+        for name in self.target.stats_columns:
+            if name not in self.target.columns:
+                continue
+            column = out.column(name)
+            self._nulls[name] = self._nulls.get(name, 0) + column.null_count
+            if pa.types.is_binary(column.type) or pa.types.is_nested(column.type) or column.null_count == n:
+                continue
+            lo, hi = (v.as_py() for v in pc.min_max(column).values())
+            self._mins[name] = lo if name not in self._mins else min(self._mins[name], lo)
+            self._maxs[name] = hi if name not in self._maxs else max(self._maxs[name], hi)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+
+    def close(self) -> DataFile | None:
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._writer = None
+        mins = {k: _stat_value(v) for k, v in self._mins.items()}
+        maxs = {k: _stat_value(v) for k, v in self._maxs.items()}
+        nulls = {k: v for k, v in self._nulls.items() if k in mins or v == self.num_records}
+        stats = json.dumps({"numRecords": self.num_records, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
+                           separators=(",", ":"), default=str)
+        st = os.stat(self.full_path)
+        single = lambda col: mins[col] if col in mins and mins[col] == maxs[col] else None  # noqa: E731
+        return DataFile(self.rel_path, st.st_size, int(st.st_mtime * 1000), self.num_records, stats,
+                        single("topic"), single("partition"), mins.get("offset"),
+                        dict(self.target.partition_values))
+
+
 def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequence[str],
                         stats_columns: Sequence[str], *, partition_values: Mapping[str, str] | None = None,
                         partition_by: Sequence[str] = ()) -> list[DataFile]:
@@ -126,10 +285,7 @@ def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequenc
     partition values. Raises whatever Spark raises; a failed write leaves only
     unreferenced files.
     """
-    if partition_values is not None:
-        directory = "/".join(p for p in (partition_path(partition_values), ATTEMPT_PREFIX + attempt_id) if p)
-    else:
-        directory = ATTEMPT_PREFIX + attempt_id
+    directory = attempt_directory(attempt_id, partition_values)
     out = os.path.join(table_root, directory)
     spark = rows.sparkSession
     for key, value in WRITE_CONF.items():
@@ -183,8 +339,11 @@ def _hive_partition_values(rel_dir: str) -> dict[str, str | None]:
     return values
 
 
-def add_actions(files: Sequence[DataFile]) -> list[AddAction]:
-    """Delta ``add`` actions for the files of a commit (each with its partition values)."""
+def add_actions(files: Sequence[DataFile]) -> list:
+    """Delta ``add`` actions (``deltalake.transaction.AddAction``) for the files of a
+    commit (each with its partition values)."""
+    from deltalake.transaction import AddAction
+
     return [AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files]
 
 

@@ -8,9 +8,15 @@ One micro-batch becomes at most one Delta commit:
    are left out, so a replayed batch, or one that overlaps a racing writer,
    writes only what is missing. A table *behind* the batch start (records would
    be skipped) stops the query with OffsetGapError.
-2. **Pre-commit** (executors): Spark writes the rows as Parquet files into a
+2. **Pre-commit** (executors): the rows are written as Parquet files into a
    directory unique to this attempt inside the table
-   (:mod:`streamlake.delta.files`). They are invisible until step 3.
+   (:mod:`streamlake.delta.files`). They are invisible until step 3. Either
+   Spark's writer writes the batch's DataFrame, or (``file_constants`` given,
+   bronze's fast path) the Kafka source's read tasks write the files
+   themselves with pyarrow (``output=files``, see
+   :mod:`streamlake.kafka.source`) and the driver only collects their
+   descriptions; the plan's offsets travel to the tasks, so a task writes only
+   what the table still needs.
 3. **Commit** (driver): one Delta commit from the *same snapshot* as step 1,
    holding the ``add`` actions and ``txn`` actions with the new next offset of
    every partition in the batch. A concurrent commit of any of those partitions
@@ -36,8 +42,15 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
 from streamlake.spark.checkpoint import QueryCheckpoint
-from streamlake.delta.files import DataFile, add_actions, write_attempt_files
-from streamlake.delta.table import TableSpec, ensure_table, open_table
+from streamlake.delta.files import (
+    DataFile,
+    FileTarget,
+    add_actions,
+    attempt_directory,
+    data_file_from_json,
+    write_attempt_files,
+)
+from streamlake.delta.table import TableSpec, ensure_table
 from streamlake.delta.txn import committed_offsets, offset_transactions
 from streamlake.errors import CommitConflictError, OffsetGapError
 from streamlake.faults import crash_point
@@ -133,6 +146,9 @@ class CommitResult:
     files: int
     attempts: int
     next_offsets: Offsets
+    # Where the sink's time went (ms): planning against the table, writing the
+    # files (the Spark job: reading Kafka included), the Delta commit.
+    timings: Mapping[str, int] = field(default_factory=dict)
 
 
 class DeltaKafkaSink:
@@ -142,21 +158,50 @@ class DeltaKafkaSink:
     schema) into table rows; ``partition_values(batch_time_ms)`` gives the
     partition all rows of a batch go to. The sink needs the query's checkpoint
     path to read the offset log (see :mod:`streamlake.spark.checkpoint`).
+
+    With ``file_constants`` the batch comes from the Kafka source with
+    ``output=files`` (its read tasks write the files):
+    ``file_constants(batch_id, batch_time_ms)`` gives the columns the files
+    add to the Kafka columns, as ``{name: (type, value)}`` (see
+    :class:`streamlake.delta.files.FileTarget`), and ``prepare``, if given, is
+    applied to the source's rows (column ``file``) before the sink collects
+    that column: the bronze job passes the same ``prepare`` in both modes,
+    and the columns it adds are pruned.
     """
 
     def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,
-                 prepare: Callable, partition_values: Callable[[int], Mapping[str, str]],
-                 stats_columns: tuple[str, ...] = ()):
+                 prepare: Callable | None, partition_values: Callable[[int], Mapping[str, str]],
+                 stats_columns: tuple[str, ...] = (),
+                 file_constants: Callable[[int, int], Mapping[str, tuple[str, object]]] | None = None):
         self.table_path = str(table_path)
         self.spec = spec
         self.checkpoint = checkpoint
         self.prepare = prepare
         self.partition_values = partition_values
         self.stats_columns = stats_columns
+        self.file_constants = file_constants
         self.last_result: CommitResult | None = None
+        self.results: dict[int, CommitResult] = {}  # recent batches' results, for progress reports
+        self._table = None  # the table, kept between batches and brought up to date incrementally
+
+    @property
+    def source_writes_files(self) -> bool:
+        """True when the source's read tasks write the files (``output=files``)."""
+        return self.file_constants is not None
 
     def __call__(self, df, batch_id: int) -> None:
-        self.last_result = self.commit_batch(df, batch_id)
+        self.last_result = self.results[batch_id] = self.commit_batch(df, batch_id)
+        for old in [b for b in self.results if b < batch_id - 50]:
+            del self.results[old]
+
+    def _current_table(self):
+        """The table's latest snapshot: opened (created) once, then updated incrementally,
+        which reads only the commits since the last batch."""
+        if self._table is None:
+            self._table = ensure_table(self.table_path, self.spec)
+        else:
+            self._table.update_incremental()
+        return self._table
 
     def commit_batch(self, df, batch_id: int) -> CommitResult:
         """Commit micro-batch ``batch_id`` (see the module docstring for the protocol).
@@ -164,17 +209,32 @@ class DeltaKafkaSink:
         Raises OffsetGapError (table behind the checkpoint) and CommitConflictError
         (lost the commit race MAX_COMMIT_ATTEMPTS times in a row).
         """
+        clock = time.monotonic
+        timings = {"plan": 0.0, "write": 0.0, "commit": 0.0}
+        mark = clock()
+
+        def lap(what: str) -> None:
+            nonlocal mark
+            now = clock()
+            timings[what] += now - mark
+            mark = now
+
+        def ms() -> dict:
+            return {k: int(v * 1000) for k, v in timings.items()}
+
         end, batch_time_ms = self.checkpoint.batch_end(batch_id)
         start = self.checkpoint.batch_start(batch_id)
         query_id = self.checkpoint.query_id()
         for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
-            table = ensure_table(self.table_path, self.spec)
+            table = self._current_table()
             plan = plan_batch(batch_id, start, end, committed_offsets(table, end))
+            lap("plan")
             if plan.is_replay:
                 log.info("batch %d: already committed (table version %d), nothing to write", batch_id, table.version())
-                return CommitResult(batch_id, None, 0, 0, attempt, {})
+                return CommitResult(batch_id, None, 0, 0, attempt, {}, ms())
             attempt_id = uuid.uuid4().hex
             files = self._write_files(df, plan, batch_time_ms, attempt_id)
+            lap("write")
             crash_point("after_files", batch_id)
             first = dict(plan.first)
             for tp in plan.first_from_data:
@@ -200,22 +260,25 @@ class DeltaKafkaSink:
                     partition_by=list(self.spec.partition_by) or None, commit_properties=properties,
                 )
             except CommitFailedError as exc:
+                self._table = None  # start the next attempt from a freshly loaded snapshot
                 log.warning("batch %d: commit attempt %d lost to a concurrent commit (%s); re-planning",
                             batch_id, attempt, exc)
                 time.sleep(random.uniform(0.05, 0.5) * attempt)
+                lap("commit")
                 continue
             version = self._committed_version(table.version(), attempt_id)
+            lap("commit")
             crash_point("after_commit", batch_id)
             log.info("batch %d: committed Delta version %d: %d records in %d files, offsets %s",
                      batch_id, version, records, len(files), offsets_to_json(plan.next_offsets))
-            return CommitResult(batch_id, version, records, len(files), attempt, plan.next_offsets)
+            return CommitResult(batch_id, version, records, len(files), attempt, plan.next_offsets, ms())
         raise CommitConflictError(
             f"batch {batch_id}: lost the Delta commit to concurrent writers {MAX_COMMIT_ATTEMPTS} times"
         )
 
     def _committed_version(self, read_version: int, attempt_id: str) -> int:
         """Version our commit landed at (delta-rs may rebase a commit past others)."""
-        table = open_table(self.table_path)
+        table = self._current_table()
         latest = table.version()
         for entry in table.history(limit=max(1, latest - read_version)):
             if entry.get("streamlake", {}).get("attempt") == attempt_id:
@@ -226,6 +289,8 @@ class DeltaKafkaSink:
         """Pre-commit: write the rows the plan keeps as Parquet files; describe them."""
         from pyspark.sql import functions as F
 
+        if self.source_writes_files:
+            return self._collect_source_files(df, plan, batch_time_ms, attempt_id)
         rows = self.prepare(df, plan.batch_id, batch_time_ms)
         if plan.filter_needed():
             keep = None
@@ -235,3 +300,24 @@ class DeltaKafkaSink:
             rows = rows.where(keep)
         return write_attempt_files(rows, self.table_path, attempt_id, self.spec.file_schema.names,
                                    self.stats_columns, partition_values=self.partition_values(batch_time_ms))
+
+    def _collect_source_files(self, df, plan: BatchPlan, batch_time_ms: int, attempt_id: str) -> list[DataFile]:
+        """Pre-commit of the fast path: one Spark job in which the source's read tasks
+        write the attempt's files (only offsets the plan keeps) and return their
+        descriptions. The attempt travels to the tasks as the job's local property."""
+        from pyspark.sql import functions as F
+
+        from streamlake.kafka.source import FILES_CONTEXT_PROPERTY, FilesContext
+
+        values = dict(self.partition_values(batch_time_ms))
+        target = FileTarget(self.table_path, attempt_directory(attempt_id, values), tuple(self.spec.file_schema.names),
+                            dict(self.file_constants(plan.batch_id, batch_time_ms)), tuple(self.stats_columns), values)
+        context = FilesContext(target, plan.write_from)
+        sc = df.sparkSession.sparkContext
+        sc.setLocalProperty(FILES_CONTEXT_PROPERTY, context.to_json())
+        rows = self.prepare(df, plan.batch_id, batch_time_ms) if self.prepare is not None else df
+        try:
+            described = rows.where(F.col("file").isNotNull()).select("file").collect()
+        finally:
+            sc.setLocalProperty(FILES_CONTEXT_PROPERTY, None)
+        return [data_file_from_json(row["file"]) for row in described]

@@ -14,6 +14,13 @@ Guarantees: every record Kafka returns with ``start <= offset < end`` is
 emitted once, in offset order, and nothing outside the range. Offsets Kafka skips
 (transaction markers, compacted records) are simply absent. A range that cannot
 be read completely raises instead of returning a short result.
+
+:func:`write_range_files` is the source's ``output=files`` mode (bronze's fast
+path): the same range read, written by the task itself as one Parquet file of
+a commit attempt (:class:`streamlake.delta.files.AttemptFileWriter`), so the
+records never cross into the JVM; the task returns only the file's
+description. Kept free of heavy imports: this module is what Spark's Python
+workers import to read.
 """
 
 from __future__ import annotations
@@ -123,6 +130,39 @@ class _BatchBuilder:
         return batch
 
 
+# The source's output=files schema: one row per record written, all null but the
+# first row of each file, which holds the file's description (DataFile as JSON).
+# One row per record keeps Spark's numInputRows the number of Kafka records.
+FILES_SCHEMA_DDL = "file string"
+FILES_ARROW_SCHEMA = pa.schema([("file", pa.string())])
+
+
+def files_rows(description: str, records: int) -> pa.RecordBatch:
+    """The rows ``output=files`` yields for one written file of ``records`` records."""
+    column = pa.concat_arrays([pa.array([description], pa.string()), pa.nulls(max(0, records - 1), pa.string())])
+    return pa.RecordBatch.from_arrays([column], schema=FILES_ARROW_SCHEMA)
+
+
+def write_range_files(conf: Mapping[str, str], rng: OffsetRange, target, name: str, *, poll_timeout_ms: int,
+                      fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+    """Read ``rng`` (as :func:`read_range`) and write it as the Parquet file ``name`` in
+    ``target`` (a :class:`streamlake.delta.files.FileTarget`); yield
+    :func:`files_rows` for it (nothing for a range without records). A failure
+    leaves at most a partial file that no commit references."""
+    from streamlake.delta.files import AttemptFileWriter, data_file_to_json
+
+    writer = AttemptFileWriter(target, name)
+    try:
+        for batch in read_range(conf, rng, poll_timeout_ms=poll_timeout_ms, fail_on_data_loss=fail_on_data_loss):
+            writer.write(batch)
+        described = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    if described is not None:
+        yield files_rows(data_file_to_json(described), described.num_records)
+
+
 def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: int,
                fail_on_data_loss: bool, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``rng`` as Arrow batches in Spark's Kafka schema.
@@ -146,8 +186,12 @@ def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: in
     try:
         while position < rng.end:
             # consume() waits until it has num_messages or the timeout passed: ask for
-            # what is left of the range (plus the EOF event) so it returns at once.
-            msgs = consumer.consume(num_messages=max(1, min(rng.end - position + 1, 10_000)), timeout=0.1)
+            # what is left of the range, so it returns as soon as the range's last record
+            # is in (one more would wait for a record after the range or the EOF event,
+            # which a broker holds for fetch.wait.max.ms at the end of the log). Offsets
+            # without records (transaction markers) are made up by the EOF event or the
+            # records after them.
+            msgs = consumer.consume(num_messages=max(1, min(rng.end - position, 10_000)), timeout=0.1)
             if not msgs and time.monotonic() - last_progress > poll_timeout_ms / 1000:
                 raise KafkaUnavailableError(
                     f"no progress reading {tp} offsets [{rng.start}, {rng.end}) at offset {position} "

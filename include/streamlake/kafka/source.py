@@ -17,6 +17,31 @@ Options follow Spark's own Kafka source: ``subscribe`` | ``subscribePattern`` |
 ``kafka.*`` client properties. Unknown options are rejected, so a typo does not
 silently fall back to a default. The schema is Spark's Kafka schema.
 
+``output`` (an option of this source only) chooses what the read tasks return:
+
+``rows`` (default)
+    the records, in Spark's Kafka schema;
+``files``
+    bronze's fast path: each read task writes its records itself, with
+    pyarrow, as one Parquet file of the current Delta commit attempt and
+    returns only the file's description, so the payload never crosses into
+    the JVM. The schema is ``file string``: one row per record written (Spark's
+    ``numInputRows`` stays the number of records), all null except the first
+    row of each file, which holds the file's description as JSON
+    (:func:`streamlake.delta.files.data_file_from_json`). Where and how to
+    write (attempt directory, constant columns, which offsets the table
+    still needs) comes from the sink that runs the batch, through the Spark
+    job's local property :data:`FILES_CONTEXT_PROPERTY` (a
+    :class:`FilesContext`); without it a read fails. The bronze ingest
+    (:mod:`streamlake.pipeline.ingest`) uses this mode with
+    :class:`streamlake.delta.sink.DeltaKafkaSink`; it is not meant for
+    queries of your own. Here ``minPartitions`` is the number of read tasks
+    per micro-batch: the batch's ranges are cut and packed so that each task
+    reads about the same number of offsets (one file per piece); without it,
+    one task per partition. Every Spark task of a Python source costs tens of
+    milliseconds in its Python worker, so one task per core, evenly loaded,
+    is what the bronze job asks for.
+
 Offsets are ``{"topic": {"partition": next_offset}}``. Every micro-batch reads
 exactly the records in ``[start, end)`` of each partition; the end of a batch
 never exceeds what Kafka holds (see :mod:`streamlake.kafka.client` for how the
@@ -28,10 +53,10 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -54,7 +79,7 @@ from streamlake.kafka.offsets import (
     plan_ranges,
     rate_limit,
 )
-from streamlake.kafka.reader import KAFKA_SCHEMA_DDL, read_range
+from streamlake.kafka.reader import FILES_SCHEMA_DDL, KAFKA_SCHEMA_DDL, read_range, write_range_files
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +87,11 @@ FORMAT = "streamlake-kafka"
 _KNOWN_OPTIONS = {
     "subscribe", "subscribepattern", "assign", "startingoffsets", "startingtimestamp",
     "startingoffsetsbytimestampstrategy", "maxoffsetspertrigger", "minpartitions",
-    "failondataloss", "kafkaconsumer.polltimeoutms", "includeheaders",
+    "failondataloss", "kafkaconsumer.polltimeoutms", "includeheaders", "output",
 }
+OUTPUTS = ("rows", "files")
+# Spark job-local property carrying the FilesContext of output=files reads.
+FILES_CONTEXT_PROPERTY = "streamlake.kafka.files"
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -104,6 +132,7 @@ class KafkaSourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
+    output: str = "rows"
 
     @property
     def starting(self) -> StartingOffsets:
@@ -118,7 +147,7 @@ class KafkaSourceOptions:
                 f"unknown option(s) {', '.join(unknown)} for format {FORMAT!r}; known: "
                 "subscribe, subscribePattern, assign, startingOffsets, startingTimestamp, "
                 "startingOffsetsByTimestampStrategy, maxOffsetsPerTrigger, minPartitions, "
-                "failOnDataLoss, kafkaConsumer.pollTimeoutMs, kafka.<client property>"
+                "failOnDataLoss, kafkaConsumer.pollTimeoutMs, output, kafka.<client property>"
             )
         given = [k for k in ("subscribe", "subscribepattern", "assign") if opts.get(k)]
         if len(given) != 1:
@@ -150,6 +179,7 @@ class KafkaSourceOptions:
         if strategy not in ("error", "latest"):
             raise InvalidOptionError(f"startingOffsetsByTimestampStrategy must be error or latest, got {strategy!r}")
         poll = _positive_int(opts, "kafkaconsumer.polltimeoutms")
+        output = output_mode(opts)
         client = client_config(options)
         api_timeout_s(client)  # validate early
         parsed = cls(
@@ -164,9 +194,65 @@ class KafkaSourceOptions:
             min_partitions=_positive_int(opts, "minpartitions"),
             fail_on_data_loss=_bool(opts, "failondataloss", True),
             poll_timeout_ms=poll if poll is not None else 120_000,
+            output=output,
         )
         parse_starting_offsets(parsed.starting_offsets, parsed.starting_timestamp)  # validate now
         return parsed
+
+
+def output_mode(options: Mapping[str, str]) -> str:
+    """The ``output`` option (``rows`` or ``files``); InvalidOptionError otherwise."""
+    raw = next((v for k, v in options.items() if str(k).lower() == "output"), None)
+    value = "rows" if raw is None else str(raw).strip().lower()
+    if value not in OUTPUTS:
+        raise InvalidOptionError(f"output must be one of {', '.join(OUTPUTS)}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class FilesContext:
+    """What ``output=files`` read tasks of one commit attempt need from the sink:
+    the attempt's :class:`streamlake.delta.files.FileTarget` and, per
+    partition, the lowest offset the table still needs (a partition absent
+    here is not read at all; -1: from the start of the range)."""
+
+    target: object  # streamlake.delta.files.FileTarget
+    write_from: Mapping[TopicPartition, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"target": json.loads(self.target.to_json()),
+                           "writeFrom": offsets_to_json(self.write_from)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "FilesContext":
+        from streamlake.delta.files import FileTarget
+
+        data = json.loads(text)
+        return cls(FileTarget.from_json(json.dumps(data["target"])),
+                   offsets_from_json(data["writeFrom"], "writeFrom") if data["writeFrom"] else {})
+
+    def first_offset(self, rng: OffsetRange) -> int | None:
+        """Where a task reading ``rng`` starts writing; None: nothing of it is needed."""
+        low = self.write_from.get(TopicPartition(rng.topic, rng.partition))
+        if low is None or max(low, rng.start) >= rng.end:
+            return None
+        return max(low, rng.start)
+
+
+def files_context_in_task() -> FilesContext:
+    """The FilesContext of the running Spark task. Raises InvalidOptionError when the
+    job was not started by a sink that sets it."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    raw = task.getLocalProperty(FILES_CONTEXT_PROPERTY) if task is not None else None
+    if not raw:
+        raise InvalidOptionError(
+            f"option output=files of {FORMAT!r} writes the files of a Delta commit attempt and runs only under "
+            "the bronze sink (streamlake.delta.sink.DeltaKafkaSink), which sets the Spark job's local property "
+            f"{FILES_CONTEXT_PROPERTY}; use output=rows (the default) to read records"
+        )
+    return FilesContext.from_json(raw)
 
 
 class KafkaInputPartition(InputPartition):
@@ -175,6 +261,38 @@ class KafkaInputPartition(InputPartition):
     def __init__(self, rng: OffsetRange):
         super().__init__((rng.topic, rng.partition, rng.start, rng.end))
         self.range = rng
+
+
+class KafkaFilesPartition(InputPartition):
+    """One ``output=files`` task: pieces of one or more topic-partitions, read in
+    order, one file each (see :func:`pack_ranges`)."""
+
+    def __init__(self, ranges: Sequence[OffsetRange]):
+        super().__init__(tuple((r.topic, r.partition, r.start, r.end) for r in ranges))
+        self.ranges = tuple(ranges)
+
+
+def pack_ranges(ranges: Sequence[OffsetRange], tasks: int | None) -> list[list[OffsetRange]]:
+    """``ranges`` cut and grouped into ``tasks`` groups of about the same number of
+    offsets (fewer when there are fewer offsets than tasks): group ``i`` holds
+    offsets ``[i*T/n, (i+1)*T/n)`` of the ranges laid end to end, so each group
+    is one or more contiguous pieces. Without ``tasks``: one group per range."""
+    ranges = [r for r in ranges if r.size > 0]
+    if not tasks:
+        return [[r] for r in ranges]
+    total = sum(r.size for r in ranges)
+    n = max(1, min(int(tasks), total))
+    bounds = [total * i // n for i in range(n + 1)]
+    groups: list[list[OffsetRange]] = [[] for _ in range(n)]
+    laid = 0  # offsets laid out before the current range
+    for r in ranges:
+        lo, hi = laid, laid + r.size
+        for i in range(n):
+            a, b = max(lo, bounds[i]), min(hi, bounds[i + 1])
+            if a < b:
+                groups[i].append(OffsetRange(r.topic, r.partition, r.start + a - laid, r.start + b - laid))
+        laid = hi
+    return [g for g in groups if g]
 
 
 class KafkaOffsetPlanner:
@@ -306,12 +424,14 @@ class KafkaOffsetPlanner:
         # Keep partitions that failOnDataLoss=false dropped out of the offsets.
         return end, latest
 
-    def ranges(self, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> list[OffsetRange]:
+    def ranges(self, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int],
+               split: bool = True) -> list[OffsetRange]:
+        """The non-empty ranges ``[start, end)``, split for ``minPartitions`` unless not ``split``."""
         begin = dict(start)
         new = [tp for tp in end if tp not in begin]
         if new:
             begin.update(self.client.earliest(new))
-        return plan_ranges(begin, end, self.options.min_partitions)
+        return plan_ranges(begin, end, self.options.min_partitions if split else None)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -358,15 +478,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets_to_json(self._latest) if self._latest is not None else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        ranges = self.planner.ranges(offsets_from_json(start, "start offset"), offsets_from_json(end, "end offset"))
+        begin, stop = offsets_from_json(start, "start offset"), offsets_from_json(end, "end offset")
+        if self.options.output == "files":
+            whole = self.planner.ranges(begin, stop, split=False)
+            return [KafkaFilesPartition(group) for group in pack_ranges(whole, self.options.min_partitions)]
+        ranges = self.planner.ranges(begin, stop)
         return [KafkaInputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator:
+        if self.options.output == "files":
+            return self._write_files(partition.ranges)
         return read_range(
             self.options.client, partition.range,
             poll_timeout_ms=self.options.poll_timeout_ms,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
+
+    def _write_files(self, ranges: Sequence[OffsetRange]) -> Iterator:
+        """``output=files``: write the part of each range the table still needs as one file."""
+        from pyspark import TaskContext
+
+        context = files_context_in_task()
+        task = TaskContext.get()
+        attempt = task.taskAttemptId() if task is not None else 0
+        for rng in ranges:
+            first = context.first_offset(rng)
+            if first is None:
+                continue
+            name = f"part-{rng.topic}-{rng.partition}-{first}-t{attempt}.snappy.parquet"
+            yield from write_range_files(
+                self.options.client, OffsetRange(rng.topic, rng.partition, first, rng.end), context.target, name,
+                poll_timeout_ms=self.options.poll_timeout_ms, fail_on_data_loss=self.options.fail_on_data_loss,
+            )
 
     def commit(self, end: dict) -> None:
         # Nothing to acknowledge: offsets live in Spark's offset log and in the Delta
@@ -386,7 +529,7 @@ class KafkaDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        return KAFKA_SCHEMA_DDL
+        return FILES_SCHEMA_DDL if output_mode(self.options) == "files" else KAFKA_SCHEMA_DDL
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
@@ -395,3 +538,69 @@ class KafkaDataSource(DataSource):
 def register(spark) -> None:
     """Register the source with a SparkSession (once per session is enough)."""
     spark.dataSource.register(KafkaDataSource)
+
+
+# -- warm-up -----------------------------------------------------------------------------------
+
+WARM_UP_FORMAT = "streamlake-kafka-warmup"
+_warmed: set[str] = set()
+
+
+class _WarmUpReader(DataSourceReader):
+    def __init__(self, tasks: int, hold_s: float):
+        self.tasks, self.hold_s = tasks, hold_s
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(self.tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        import os
+        import time
+
+        import pyarrow.parquet  # noqa: F401 - what output=files tasks import
+        from pyspark import TaskContext  # noqa: F401
+
+        from streamlake.delta import files  # noqa: F401
+        from streamlake.faults import crash_point  # noqa: F401
+
+        time.sleep(self.hold_s)  # keep the tasks overlapping: one worker per core
+        yield (os.getpid(),)
+
+
+class WarmUpDataSource(DataSource):
+    """A batch source whose tasks only import what this source's read tasks import."""
+
+    @classmethod
+    def name(cls) -> str:
+        return WARM_UP_FORMAT
+
+    def schema(self) -> str:
+        return "pid int"
+
+    def reader(self, schema) -> DataSourceReader:
+        return _WarmUpReader(int(self.options.get("tasks", 2)), float(self.options.get("holdSeconds", 0.3)))
+
+
+def warm_up(spark, force: bool = False) -> dict | None:
+    """Start Spark's Python workers for this source before a query starts.
+
+    The first job of a session that runs a Python data source starts the
+    driver-side Python runners and one Python worker per core, which import
+    pyspark, pyarrow and confluent-kafka: seconds that would otherwise land in
+    the query's first micro-batch. A tiny batch job on a Python data source,
+    one task per core, pays them up front; the workers are reused
+    (``spark.python.worker.reuse``) by the query's read tasks. Once per
+    SparkContext unless ``force``; returns what it did (None when skipped)."""
+    import time
+
+    app = spark.sparkContext.applicationId
+    if app in _warmed and not force:
+        return None
+    started = time.monotonic()
+    spark.dataSource.register(WarmUpDataSource)
+    tasks = max(1, spark.sparkContext.defaultParallelism)
+    pids = {row[0] for row in spark.read.format(WARM_UP_FORMAT).option("tasks", tasks).load().collect()}
+    _warmed.add(app)
+    result = {"seconds": round(time.monotonic() - started, 2), "tasks": tasks, "workers": len(pids)}
+    log.info("Python workers warmed up in %.2f s (%d tasks, %d workers)", result["seconds"], tasks, len(pids))
+    return result

@@ -16,7 +16,10 @@ How the data files are written (``writer``):
     the fast path: the Kafka source's read tasks write each micro-batch's
     Parquet files themselves with pyarrow (source option ``output=files``) and
     the driver commits their descriptions; the records never cross into the
-    JVM. Before the query starts, a tiny job starts Spark's Python workers
+    JVM. Each micro-batch has one read task per core (``minPartitions``
+    defaults to Spark's default parallelism), each reading about the same
+    number of records, cutting partitions where needed. Before the query
+    starts, a tiny job starts Spark's Python workers
     (:func:`streamlake.kafka.source.warm_up`), so the first micro-batch does not
     pay for them.
 ``spark``
@@ -171,6 +174,8 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
         stats_columns=bronze.STATS_COLUMNS, file_constants=bronze.file_constants if fast else None,
     )
     if fast:
+        if not cfg.min_partitions:  # one evenly loaded read task per core (see streamlake.kafka.source)
+            options["minPartitions"] = str(max(1, spark.sparkContext.defaultParallelism))
         warm_up(spark)
     reader = spark.readStream.format(FORMAT)
     for key, value in options.items():
@@ -211,7 +216,7 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
     source = (progress.get("sources") or [{}])[0]
     end, latest = _progress_offsets(source.get("endOffset")), _progress_offsets(source.get("latestOffset"))
     lag = {str(tp): max(0, latest[tp] - end.get(tp, latest[tp])) for tp in sorted(latest)}
-    result = sink.last_result
+    result = sink.results.get(progress.get("batchId"))
     return {
         "batchId": progress.get("batchId"),
         "timestamp": progress.get("timestamp"),
@@ -222,6 +227,7 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
         "durations": progress.get("durationMs", {}),
         "lag": lag,
         "deltaVersion": result.version if result and result.batch_id == progress.get("batchId") else None,
+        "sinkMs": dict(result.timings) if result and result.batch_id == progress.get("batchId") else {},
     }
 
 

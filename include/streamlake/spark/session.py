@@ -26,6 +26,20 @@ SPARK_DEFAULTS: dict[str, str] = {
 }
 
 
+# What particular jobs add to SPARK_DEFAULTS (by entrypoint in jobs/).
+JOB_DEFAULTS: dict[str, dict[str, str]] = {
+    # The bronze job's data path is Python: its read tasks write the Parquet files
+    # with pyarrow (streamlake.kafka.source, output=files); the JVM plans, schedules
+    # and commits. There, C2's compilations cost more CPU than they save, CPU the read
+    # tasks need on a small machine (measured: ~2.5 s of C2 compiler threads in a
+    # job's first minute on 2 cores): the JVM stops at C1.
+    "ingest_bronze.py": {
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    },
+}
+
+
 def python_executable() -> str:
     """The interpreter Spark's Python workers must use (this environment's)."""
     return os.environ.get("PYSPARK_PYTHON") or sys.executable
@@ -65,8 +79,9 @@ def job_path(name: str) -> str:
 
 def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]",
                          conf: Mapping[str, str] | None = None, name: str | None = None) -> list[str]:
-    """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults."""
-    settings = {**SPARK_DEFAULTS, **(conf or {})}
+    """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults (SPARK_DEFAULTS,
+    then the job's JOB_DEFAULTS, then ``conf``)."""
+    settings = {**SPARK_DEFAULTS, **JOB_DEFAULTS.get(Path(job).name, {}), **(conf or {})}
     cmd = [spark_submit_executable(), "--master", master, "--name", name or Path(job).stem]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]
