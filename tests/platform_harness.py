@@ -97,10 +97,13 @@ class AirflowREST:
         return [f"{t['task_id']}: {t['state']}" for t in body["task_instances"]
                 if t["state"] not in ("success", "skipped")]
 
-    def backfill(self, dag_id: str, from_date: str, to_date: str) -> dict:
-        """Airflow's own backfill (the trigger dialog's Backfill, ``airflow backfill create``)."""
+    def backfill(self, dag_id: str, from_date: str, to_date: str, reprocess: str = "completed") -> dict:
+        """Airflow's own backfill (the trigger dialog's Backfill, ``airflow backfill create``).
+        ``reprocess``: which existing runs of the range run again (the dialog's "Reprocess
+        behaviour"): ``completed`` (all; the hourly schedule may already have run them),
+        ``failed`` or ``none``."""
         status, body = self.call("POST", "/api/v2/backfills", {
-            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": "failed",
+            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": reprocess,
             "max_active_runs": 1})
         assert status == 200, f"creating a backfill answered {status}: {body}"
         return body

@@ -50,7 +50,13 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
     try:
         window = gold_window(job.table_path("gold"))  # the windows gold was built with
     except FileNotFoundError:
-        raise BackfillError(f"job {job.name} has no gold table yet; run the pipeline first") from None
+        # Late events are written by the gold stage: without gold there is none pending. Not an
+        # error: the hourly schedule's first run may come before the job's first pipeline run.
+        text = (f"backfill {run_id or ''} of job {job.name}: nothing to backfill, the job has no gold table yet "
+                "(its pipeline has not run), so no late event is pending")
+        log.info("%s", text)
+        return {"run_id": run_id, "dry_run": dry_run, "late_events": 0, "windows": 0, "changed_windows": 0,
+                "deleted_windows": 0, "gold_version": None, "summary": text, "job": job.name, "checks": []}
     if window is None:
         raise BackfillError(f"gold of job {job.name} does not record its windows (built by an older version?)")
     result = run_backfill(spark, PipelinePaths.of(job.root), window, start, end, dry_run=dry_run, run_id=run_id)
