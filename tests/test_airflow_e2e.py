@@ -211,6 +211,7 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     from streamlake.kafka.producer import produce_sensor_readings
     from streamlake.operations.control import JobControl
     from streamlake.operations.records import recent_operations
+    from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.backfill import PipelinePaths, run_backfill
     from streamlake.pipeline.driver import run_stages
     from streamlake.platform import spark_cluster
@@ -223,9 +224,18 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     job = define_job(tmp_path, f"scale_{topic_name}", topic_name, processing_time_s=1.0, master=master,
                      spark_conn_id="spark_cluster", total_executor_cores=1, executor_cores=1, gold_partitions=2)
     stop = threading.Event()
-    producer = threading.Thread(target=produce_sensor_readings, kwargs=dict(
-        topic=topic_name, count=3000, partitions=3, rate=150, value_bytes=200, progress=False, seed=41,
-        late_fraction=0.05, out_of_order_seconds=5, duplicate_fraction=0.03, should_stop=stop.is_set))
+    shape = dict(topic=topic_name, partitions=3, rate=150, value_bytes=200, progress=False, late_fraction=0.05,
+                 out_of_order_seconds=5, duplicate_fraction=0.03, should_stop=stop.is_set)
+
+    def stream():
+        # 2,000 records, then the last 1,000 once the rescale's savepoint stopped the job: records
+        # arrive while it is stopped, so the restarted job has work to measure throughput on.
+        produce_sensor_readings(count=2000, seed=41, **shape)
+        while not stop.is_set() and not any(s.note == "rescale" for s in list_savepoints(job.name)):
+            time.sleep(0.5)
+        produce_sensor_readings(count=1000, seed=42, **shape)
+
+    producer = threading.Thread(target=stream)
     producer.start()
     running = subprocess.Popen([STREAMLAKE, "job", "run", job.name, "--restart-strategy", "none"],
                                env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -198,7 +198,7 @@ def ui():
 def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     plugin, client, _ = ui
     names = [v["name"] for v in plugin.StreamLakePlugin.external_views]
-    assert names == ["Savepoints", "Consistency checks", "Operations", "Data quality"]
+    assert names == ["Savepoints", "Consistency checks", "Operations", "Late events", "Data quality"]
 
     path = str(tmp_path / "silver")
     v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=500))
