@@ -26,7 +26,10 @@ stop:
 
 bench: setup
 	$(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/latency_bench.py
+	$(BIN)/python bench/backfill_bench.py
 	$(BIN)/python bench/check_bench.py
+	$(BIN)/python bench/summary.py
 
 # Re-resolve the full lock after changing requirements.txt.
 lock:

@@ -1,0 +1,176 @@
+"""Pieces the benchmarks share: a private embedded broker, machine load, targets, live producers.
+
+Every figure a bench reports is written next to the machine's load average
+(``os.getloadavg()``) when it was measured: the benches run on shared machines,
+and a number measured at load 6 on 2 cores means something else than at load 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load() -> float:
+    """1-minute load average, rounded."""
+    return round(os.getloadavg()[0], 2)
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def spark_cores(master: str) -> int:
+    """Cores a Spark master gives the job: local[N] / local[*] / local, else the machine's."""
+    if master.startswith("local"):
+        inside = master[len("local"):].strip("[]").split(",")[0]
+        if inside == "*":
+            return os.cpu_count() or 1
+        return int(inside) if inside else 1
+    return os.cpu_count() or 1
+
+
+@contextmanager
+def private_broker(work: Path):
+    """An embedded broker of its own (own STREAMLAKE_HOME, free port) for one bench;
+    ``STREAMLAKE_KAFKA_BOOTSTRAP`` points at it while the block runs."""
+    os.environ["STREAMLAKE_HOME"] = str(work / "home")
+    os.environ.pop("STREAMLAKE_KAFKA_BOOTSTRAP", None)
+    from streamlake.platform import broker
+
+    state = broker.start(free_port())
+    os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"] = state["bootstrap"]
+    try:
+        yield state["bootstrap"]
+    finally:
+        broker.stop()
+
+
+def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    return "met" if ok else "NOT MET"
+
+
+def target_line(what: str, value: float, target: float, unit: str = "", higher_is_better: bool = True,
+                digits: int = 2) -> str:
+    sign = "≥" if higher_is_better else "≤"
+    return (f"{what}: {value:.{digits}f}{unit} (target {sign} {target:g}{unit}): "
+            f"{verdict(value, target, higher_is_better)}")
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (q in 0..100)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 100))))
+    return sorted_values[rank - 1]
+
+
+@dataclass
+class SteadyProducer:
+    """Writes ``rate`` records/s, one record per record batch (``linger.ms=0``,
+    ``batch.num.messages=1``), as a live producer does, from a background thread.
+
+    ``make(seq, now)`` returns (key, value, partition) for record ``seq`` produced at
+    wall-clock ``now`` (seconds); the record's Kafka timestamp is librdkafka's
+    CreateTime, set when ``produce()`` is called. Delivered records are counted;
+    with ``keep``, ``acked`` maps (partition, offset) to when the broker's
+    acknowledgement arrived (the record is in the log from then on).
+    """
+
+    bootstrap: str
+    topic: str
+    rate: float
+    seconds: float
+    make: callable
+    keep: bool = False
+    sent: int = 0
+    delivered: int = 0
+    errors: list = field(default_factory=list)
+    acked: dict = field(default_factory=dict)
+    behind_s: float = 0.0  # how far the producer fell behind its schedule at worst
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "SteadyProducer":
+        self._thread = threading.Thread(target=self._run, name=f"steady-{self.topic}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is None:
+            self.delivered += 1
+            if self.keep:
+                self.acked[(msg.partition(), msg.offset())] = time.time()
+        else:
+            self.errors.append(str(err))
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+                             "enable.idempotence": True, "acks": "all", "client.id": f"steady-{self.topic}"})
+        started = time.monotonic()
+        total = int(self.rate * self.seconds)
+        try:
+            while self.sent < total and not self._stop.is_set():
+                due = started + self.sent / self.rate
+                ahead = due - time.monotonic()
+                if ahead > 0:
+                    producer.poll(min(ahead, 0.01))
+                    continue
+                self.behind_s = max(self.behind_s, -ahead)
+                now = time.time()
+                key, value, partition = self.make(self.sent, now)
+                while True:
+                    try:
+                        producer.produce(self.topic, value=value, key=key, partition=partition,
+                                         on_delivery=self._on_delivery)
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+                self.sent += 1
+                producer.poll(0)
+        except Exception as exc:  # noqa: BLE001 - reported by the bench
+            self.errors.append(repr(exc))
+        finally:
+            left = producer.flush(60)
+            if left:
+                self.errors.append(f"{left} records not delivered")
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {load():.1f}] {message}", file=sys.stderr, flush=True)

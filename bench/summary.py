@@ -1,0 +1,35 @@
+"""`make bench` (last): every issue-11 figure against its target, from bench/results/*.json.
+
+Prints the throughput ratios (ingest_bench), the latency percentiles
+(latency_bench) and the backfill cost ratio (backfill_bench), each with its
+target and whether it is met, and the machine's load when it was measured. A
+missing result file is reported as missing, not as met.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS  # noqa: E402
+
+
+def main() -> int:
+    results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
+    print("\n== issue 11: figures against their targets ==")
+    for name in ("ingest", "latency", "backfill"):
+        path = results / f"{name}.json"
+        if not path.exists():
+            print(f"{name}: no results ({path} missing: run bench/{name}_bench.py)")
+            continue
+        data = json.loads(path.read_text())
+        for line in data.get("summary", []):
+            print(line)
+    print(f"details: {results}/ingest.md, latency.md, backfill.md (each figure with the machine's load)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
