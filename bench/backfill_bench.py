@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load, machine, progress, target_line, write_json  # noqa: E402
+from common import RESULTS, load, machine, progress, target_line, write_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "backfill"
@@ -341,10 +341,7 @@ def main() -> int:
     result["median_ratio"] = round(result["sizes"]["4N"]["median_s"] / result["sizes"]["N"]["median_s"], 3)
     result["targets"] = {"ratio": TARGET_RATIO}
     result["summary"] = summary_lines(result)
-    write_json(args.results / "backfill.json", result)
-    (args.results / "backfill.md").write_text(markdown(result))
-    plot(result, args.results / "backfill.png")
-    print("\n".join(result["summary"]) + f"\nresults in {args.results}/backfill.md", flush=True)
+    write_results(args.results, "backfill", result, markdown, plot)
     return 0
 
 

@@ -80,6 +80,15 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
+def write_results(results: Path, name: str, result: dict, markdown, plot) -> None:
+    """``<name>.json``, ``<name>.md`` (``markdown(result)``) and ``<name>.png`` (``plot(result, path)``)
+    in ``results``; prints the result's summary lines."""
+    write_json(results / f"{name}.json", result)
+    (results / f"{name}.md").write_text(markdown(result))
+    plot(result, results / f"{name}.png")
+    print("\n".join(result["summary"]) + f"\nresults in {results}/{name}.md", flush=True)
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of already sorted values (q in 0..100)."""
     if not sorted_values:

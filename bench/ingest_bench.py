@@ -48,7 +48,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load, machine, private_broker, progress, spark_cores, target_line, write_json  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    load,
+    machine,
+    private_broker,
+    progress,
+    spark_cores,
+    target_line,
+    write_results,
+)
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "ingest"  # bench/work/checks belongs to check_bench.py
@@ -524,10 +533,7 @@ def main() -> int:
         "targets": {"whole_run": TARGET_WHOLE, "warm": TARGET_WARM},
     }
     result["summary"] = summary_lines(result)
-    write_json(args.results / "ingest.json", result)
-    (args.results / "ingest.md").write_text(markdown(result))
-    plot(result, args.results / "ingest.png")
-    print("\n".join(result["summary"]) + f"\nresults in {args.results}/ingest.md", flush=True)
+    write_results(args.results, "ingest", result, markdown, plot)
     ok = bulk["audit"]["exactly_once"] and (live is None or live["audit"]["exactly_once"])
     return 0 if ok else 1
 

@@ -49,7 +49,7 @@ from common import (  # noqa: E402
     private_broker,
     progress,
     target_line,
-    write_json,
+    write_results,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -505,10 +505,7 @@ def main() -> int:
               "targets": {"bronze_p99_s": TARGET_P99_S}}
     result["explanation"] = explain(result)
     result["summary"] = summary_lines(result)
-    write_json(args.results / "latency.json", result)
-    (args.results / "latency.md").write_text(markdown(result))
-    plot(result, args.results / "latency.png")
-    print("\n".join(result["summary"]) + f"\nresults in {args.results}/latency.md", flush=True)
+    write_results(args.results, "latency", result, markdown, plot)
     return 0
 
 

@@ -31,7 +31,8 @@ class _JobSubmitOperator(SparkSubmitOperator):
         self.spark_conn_id = spark_conn_id
 
     def job_arguments(self, job) -> list[str]:
-        raise NotImplementedError
+        """The job's command-line arguments; every operator built on this base says which."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which arguments {self.job_application} gets")
 
     def execute(self, context) -> None:
         from streamlake.operations.jobs import load_job
