@@ -172,6 +172,32 @@ def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_
     assert "freshness" in {o.key for o in again[0].outcomes}
 
 
+def test_validate_operation_does_not_revalidate_an_unchanged_table_unless_it_failed(spark, tmp_path):
+    root = tmp_path / "lake"
+    tables = {"silver": str(root / "silver"), "gold": str(root / "gold")}
+    s1 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 3, start=400))
+    gold_bad = samples.clean_rows("gold", 2, start=9)
+    gold_bad[0]["window_end"] = gold_bad[0]["window_start"]
+    samples.write_rows(tables["gold"], "gold", gold_bad)
+    first = validate_operation(tables, None, "ingest", CONTEXT, spark=spark, raise_on_critical=False)
+    assert [r.status for r in first] == ["PASS", "FAIL"]
+
+    # no commit since: silver is covered by its passing validation (nothing run, nothing
+    # recorded); gold's failed, so its suite runs again (on the rows added since: none)
+    silver, gold = validate_operation(tables, None, "savepoint", {}, spark=spark)
+    assert silver.covered_by["validation_id"] == first[0].validation_id and silver.outcomes == []
+    assert (silver.status, silver.rows, silver.to_version) == ("PASS", 0, s1)
+    assert f"unchanged since v{s1}: nothing new to validate; PASS by {first[0].validation_id}" in silver.summary()
+    assert gold.covered_by is None and gold.outcomes and gold.rows == 0
+    recorded = results.read_results(run_id=silver.run_id)
+    assert {r["table_name"] for r in recorded} == {"gold"}
+
+    # a new commit is validated again, from the covered version on
+    s2 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 2, start=500))
+    (after,) = validate_operation({"silver": tables["silver"]}, None, "ingest", {}, spark=spark)
+    assert after.covered_by is None and (after.from_version, after.to_version, after.rows) == (s1, s2, 2)
+
+
 # -- the UI view and the Data Docs route -----------------------------------------------------------
 
 

@@ -148,6 +148,17 @@ def trend(table: str, limit: int = 200) -> list[dict]:
     return list(reversed(validations(table, limit)))
 
 
+def last_validation(table_path: str) -> dict | None:
+    """Summary (:func:`summarize`) of the validation that reached furthest into the table
+    at ``table_path`` (highest ``to_version``; the newest of those), or None."""
+    best = None
+    for rows in group_validations(read_results(table_path=str(table_path))).values():  # newest first
+        to = rows[0]["to_version"]
+        if to is not None and (best is None or to > best[0]["to_version"]):
+            best = rows
+    return summarize(best) if best else None
+
+
 def last_validated_version(table_path: str) -> int | None:
     """The highest ``to_version`` recorded for a table path: where "since the last
     validation" starts."""

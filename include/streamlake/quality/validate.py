@@ -102,6 +102,10 @@ class QualityReport:
     docs_page: str | None = None
     context: dict = field(default_factory=dict)
     result_id: object = field(default=None, repr=False, compare=False)  # GX ValidationResultIdentifier
+    # Set when the table had no commit since an earlier validation that passed: the
+    # summary (streamlake.quality.results.summarize) of that validation, which covers
+    # this version. Nothing was run and nothing is recorded for this report.
+    covered_by: dict | None = None
 
     @property
     def failures(self) -> list[ExpectationOutcome]:
@@ -117,6 +121,8 @@ class QualityReport:
 
     @property
     def status(self) -> str:
+        if self.covered_by:
+            return self.covered_by["status"]
         if self.critical_failures:
             return "FAIL"
         return "WARN" if self.warnings else "PASS"
@@ -143,6 +149,11 @@ class QualityReport:
             f"(v{self.from_version}, v{self.to_version}]"
 
     def summary(self) -> str:
+        if self.covered_by:
+            c = self.covered_by
+            return (f"[{self.operation}] {self.table} unchanged since v{self.to_version}: nothing new to validate; "
+                    f"{c['status']} by {c['validation_id']} ({c['operation']}, {c['rows']} rows, "
+                    f"{c['passed']}/{c['expectations']} expectations met)")
         head = (f"[{self.operation}] {self.table} {self.version_range}, {self.rows} rows, suite {self.suite}: "
                 f"{self.status} ({len(self.outcomes) - len(self.failures)}/{len(self.outcomes)} expectations met")
         head += f"; {len(self.critical_failures)} critical, {len(self.warnings)} warning failures)"
@@ -159,6 +170,7 @@ class QualityReport:
                 "validated_at": self.validated_at.isoformat(),
                 "critical_failures": sorted(o.key for o in self.critical_failures),
                 "warnings": sorted(o.key for o in self.warnings), "docs_page": self.docs_page,
+                "covered_by": self.covered_by and self.covered_by["validation_id"],
                 "expectations": [asdict(o) for o in self.outcomes]}
 
 
@@ -327,24 +339,24 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
     ``job_tables`` maps a table name (``bronze``, ``silver``, ``quarantine``, ``gold``,
     ``late_events``) to its path; ``ranges`` maps a table name to its
     ``(from_version, to_version)``. A table without a range is validated since its
-    last recorded validation (:func:`streamlake.quality.results.last_validated_version`)
+    last recorded validation (:func:`streamlake.quality.results.last_validation`)
     up to its latest version, or whole if it was never validated. Tables that do not
     exist (yet) are skipped. All validations share one run id and the Data Docs are
-    rebuilt once at the end. Raises :class:`QualityError` if a critical expectation
-    failed (with ``raise_on_critical``), after recording everything.
+    rebuilt once at the end. A table without a range that has had no commit since
+    its last validation, which passed, is not validated again (unless
+    ``job_running`` asks for freshness, which depends on the time): its report is
+    ``covered_by`` that validation, nothing is run or recorded. Raises
+    :class:`QualityError` if a critical expectation failed (with
+    ``raise_on_critical``), after recording everything.
     """
-    from streamlake.delta.table import table_exists
+    from streamlake.delta.table import open_table, table_exists
     from streamlake.quality import docs
-    from streamlake.quality.results import last_validated_version
+    from streamlake.quality.results import last_validation
 
-    if spark is None:
-        from streamlake.spark.session import get_spark
-
-        spark = get_spark("streamlake-quality", master="local[1]", conf={"spark.ui.enabled": "false"})
     now = dt.datetime.now(dt.timezone.utc)
     run_id = _new_id("q", now)
     ranges = dict(ranges or {})
-    ctx = docs.gx_context()
+    ctx = None
     reports: list[QualityReport] = []
     for table, path in job_tables.items():
         if not table_exists(path):
@@ -352,13 +364,28 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
             continue
         rng = ranges.get(table)
         if rng is None:
-            rng = (last_validated_version(str(path)), None)
+            last = last_validation(str(path))
+            version = open_table(path).version()
+            if last and last["status"] != "FAIL" and version <= last["to_version"] and not job_running:
+                report = QualityReport(
+                    validation_id=_new_id("qv", now), run_id=run_id, operation=operation, table=table, path=str(path),
+                    suite=suite_name(table), from_version=version, to_version=version, rows=0, validated_at=now,
+                    outcomes=[], docs_page=last["docs_page"], context=dict(context or {}), covered_by=last)
+                log.info("%s", report.summary())
+                reports.append(report)
+                continue
+            rng = (last["to_version"] if last else None, None)
+        if spark is None:
+            from streamlake.spark.session import get_spark
+
+            spark = get_spark("streamlake-quality", master="local[1]", conf={"spark.ui.enabled": "false"})
+        ctx = ctx or docs.gx_context()
         reports.append(validate_table(spark, table, path, rng[0], rng[1], operation=operation, context=context,
                                       job_running=job_running, max_age_s=max_age_s, run_id=run_id,
                                       build_docs=False, gx_context=ctx))
-    if reports:
+    if ctx is not None:
         try:
-            docs.build(ctx, [r.result_id for r in reports])
+            docs.build(ctx, [r.result_id for r in reports if r.result_id is not None])
         except Exception as exc:  # noqa: BLE001 - the results are recorded; the docs are a view of them
             log.warning("Data Docs could not be rebuilt after quality run %s: %s", run_id, exc)
     if raise_on_critical:
