@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from streamlake.quality import docs, results, samples
 from streamlake.quality.validate import QualityError, validate_operation, validate_table
 
@@ -187,10 +188,17 @@ def test_validate_operation_does_not_revalidate_an_unchanged_table_unless_it_fai
     silver, gold = validate_operation(tables, None, "savepoint", {}, spark=spark)
     assert silver.covered_by["validation_id"] == first[0].validation_id and silver.outcomes == []
     assert (silver.status, silver.rows, silver.to_version) == ("PASS", 0, s1)
-    assert f"unchanged since v{s1}: nothing new to validate; PASS by {first[0].validation_id}" in silver.summary()
+    assert f"unchanged since v{s1} (no rows added up to v{s1}): nothing new to validate; PASS by " \
+           f"{first[0].validation_id}" in silver.summary()
     assert gold.covered_by is None and gold.outcomes and gold.rows == 0
     recorded = results.read_results(run_id=silver.run_id)
     assert {r["table_name"] for r in recorded} == {"gold"}
+
+    # a commit that only removes rows (as a restore does) adds nothing to validate
+    DeltaTable(tables["silver"]).delete()  # every file removed, none rewritten
+    (removed,) = validate_operation({"silver": tables["silver"]}, None, "restore", {}, spark=spark)
+    assert removed.covered_by["validation_id"] == first[0].validation_id
+    assert (removed.from_version, removed.to_version) == (s1, s1 + 1)
 
     # a new commit is validated again, from the covered version on
     s2 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 2, start=500))

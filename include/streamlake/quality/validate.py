@@ -102,7 +102,7 @@ class QualityReport:
     docs_page: str | None = None
     context: dict = field(default_factory=dict)
     result_id: object = field(default=None, repr=False, compare=False)  # GX ValidationResultIdentifier
-    # Set when the table had no commit since an earlier validation that passed: the
+    # Set when no commit added rows since an earlier validation that passed: the
     # summary (streamlake.quality.results.summarize) of that validation, which covers
     # this version. Nothing was run and nothing is recorded for this report.
     covered_by: dict | None = None
@@ -151,7 +151,8 @@ class QualityReport:
     def summary(self) -> str:
         if self.covered_by:
             c = self.covered_by
-            return (f"[{self.operation}] {self.table} unchanged since v{self.to_version}: nothing new to validate; "
+            return (f"[{self.operation}] {self.table} unchanged since v{c['to_version']} "
+                    f"(no rows added up to v{self.to_version}): nothing new to validate; "
                     f"{c['status']} by {c['validation_id']} ({c['operation']}, {c['rows']} rows, "
                     f"{c['passed']}/{c['expectations']} expectations met)")
         head = (f"[{self.operation}] {self.table} {self.version_range}, {self.rows} rows, suite {self.suite}: "
@@ -342,13 +343,15 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
     last recorded validation (:func:`streamlake.quality.results.last_validation`)
     up to its latest version, or whole if it was never validated. Tables that do not
     exist (yet) are skipped. All validations share one run id and the Data Docs are
-    rebuilt once at the end. A table without a range that has had no commit since
-    its last validation, which passed, is not validated again (unless
+    rebuilt once at the end. A table without a range that has had no commit adding
+    rows since its last validation, which passed, is not validated again (its rows
+    are a subset of what was validated: a savepoint, a restore) (unless
     ``job_running`` asks for freshness, which depends on the time): its report is
     ``covered_by`` that validation, nothing is run or recorded. Raises
     :class:`QualityError` if a critical expectation failed (with
     ``raise_on_critical``), after recording everything.
     """
+    from streamlake.delta.changes import added_files
     from streamlake.delta.table import open_table, table_exists
     from streamlake.quality import docs
     from streamlake.quality.results import last_validation
@@ -366,10 +369,11 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
         if rng is None:
             last = last_validation(str(path))
             version = open_table(path).version()
-            if last and last["status"] != "FAIL" and version <= last["to_version"] and not job_running:
+            if last and last["status"] != "FAIL" and not job_running and (
+                    version <= last["to_version"] or not added_files(path, last["to_version"], version)[1]):
                 report = QualityReport(
                     validation_id=_new_id("qv", now), run_id=run_id, operation=operation, table=table, path=str(path),
-                    suite=suite_name(table), from_version=version, to_version=version, rows=0, validated_at=now,
+                    suite=suite_name(table), from_version=last["to_version"], to_version=version, rows=0, validated_at=now,
                     outcomes=[], docs_page=last["docs_page"], context=dict(context or {}), covered_by=last)
                 log.info("%s", report.summary())
                 reports.append(report)
