@@ -20,7 +20,8 @@ Flink's `modify -p` (savepoint, stop, restart with a new parallelism). Steps:
 5. **throughput_after** and **record**: rows/s after the rescale; both numbers go
    to the `operations` table and the task log.
 6. **verify**: after the rescale, every check (bronze exactly once, every
-   bronze row once downstream, gold equal to a recompute) and data quality.
+   bronze row once downstream, gold equal to a recompute) and data quality, on
+   `spark_default` whatever the job runs on.
 7. **continue_continuous**: a job that ran continuously is started again.
 
 Works on `local[*]` and on the standalone cluster (`streamlake spark start`,
@@ -110,9 +111,9 @@ with DAG(
     check = JobVerifyOperator(
         task_id="verify",
         job_name="{{ params.job }}",
-        spark_conn_id="{{ params.spark_conn_id }}",
         operation="rescale",
-        doc_md="Every check and data quality after the rescale.",
+        doc_md="Every check and data quality after the rescale (on spark_default: the checks read only what "
+               "changed, a local driver answers sooner than executors on the cluster).",
     )
 
     measured = before()

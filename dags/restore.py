@@ -12,11 +12,14 @@ Flink's `run -s <savepoint>`. Steps:
 2. **verify_restored**: bronze matches Kafka up to the savepoint (audit clean,
    offsets equal the manifest's), every bronze row is once downstream, gold
    equals a recompute from silver, data quality of the restored rows.
-3. **resume**: the job runs from the savepoint's state (available-now, on
-   `spark_conn_id`): everything that arrived since flows through every stage.
-4. **verify_resumed**: after the new data, every check and data quality again.
-5. **continue_continuous**: if the job was running continuously before the
-   restore, a continuous `streaming_ingest` run is triggered to keep it running.
+3. **resume**: the job starts from the savepoint's state: a `streaming_ingest`
+   run with id `restored__<this run's id>` (continuous if the job ran
+   continuously before the restore, otherwise available-now on
+   `spark_conn_id`). Everything that arrived since the savepoint flows through
+   every stage, and that run's **verify** checks every stage and the data
+   quality of the new rows. As with Flink's `run -s`, the restore is done when
+   its state is proven and the job started; the catch-up is the job's own run,
+   next to it in the UI.
 
 The form lists the existing savepoint ids (newest first); the list is refreshed
 when the DAG is re-parsed. Shell: `streamlake savepoint restore ID`.
@@ -27,8 +30,8 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_from_restored_state
+from streamlake.orchestration.operators import JobVerifyOperator
 
 SAVEPOINTS = savepoint_ids()
 
@@ -65,19 +68,5 @@ with DAG(
         doc_md="Bronze equals the savepoint (audit clean, offsets the manifest's); every stage checked.",
     )
 
-    resume = JobRunOperator(
-        task_id="resume",
-        job_name=job,
-        spark_conn_id="{{ params.spark_conn_id }}",
-        doc_md="Run the pipeline from the savepoint's state up to what Kafka holds now (available-now).",
-    )
-
-    check_resumed = JobVerifyOperator(
-        task_id="verify_resumed",
-        job_name=job,
-        operation="restore-resumed",
-        doc_md="After the new data: every check and data quality again.",
-    )
-
-    restored >> check_restored >> resume >> check_resumed >> continue_if_continuous(
-        restored, job=job, spark_conn_id="{{ params.spark_conn_id }}")
+    restored >> check_restored >> resume_from_restored_state(restored, job=job,
+                                                           spark_conn_id="{{ params.spark_conn_id }}")
