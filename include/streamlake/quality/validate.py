@@ -343,11 +343,11 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
     last recorded validation (:func:`streamlake.quality.results.last_validation`)
     up to its latest version, or whole if it was never validated. Tables that do not
     exist (yet) are skipped. All validations share one run id and the Data Docs are
-    rebuilt once at the end. A table without a range that has had no commit adding
-    rows since its last validation, which passed, is not validated again (its rows
-    are a subset of what was validated: a savepoint, a restore) (unless
-    ``job_running`` asks for freshness, which depends on the time): its report is
-    ``covered_by`` that validation, nothing is run or recorded. Raises
+    rebuilt once at the end. A table without a range whose commits since its last
+    validation, which passed, added no rows (its rows are a subset of what was
+    validated: after a savepoint, a restore) is not validated again, unless
+    ``job_running`` asks for freshness, which depends on the time: its report is
+    ``covered_by`` that validation, and nothing is run or recorded. Raises
     :class:`QualityError` if a critical expectation failed (with
     ``raise_on_critical``), after recording everything.
     """
@@ -373,8 +373,9 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
                     version <= last["to_version"] or not added_files(path, last["to_version"], version)[1]):
                 report = QualityReport(
                     validation_id=_new_id("qv", now), run_id=run_id, operation=operation, table=table, path=str(path),
-                    suite=suite_name(table), from_version=last["to_version"], to_version=version, rows=0, validated_at=now,
-                    outcomes=[], docs_page=last["docs_page"], context=dict(context or {}), covered_by=last)
+                    suite=suite_name(table), from_version=last["to_version"], to_version=version, rows=0,
+                    validated_at=now, outcomes=[], docs_page=last["docs_page"], context=dict(context or {}),
+                    covered_by=last)
                 log.info("%s", report.summary())
                 reports.append(report)
                 continue
