@@ -101,10 +101,18 @@ class AirflowREST:
         """Airflow's own backfill (the trigger dialog's Backfill, ``airflow backfill create``).
         ``reprocess``: which existing runs of the range run again (the dialog's "Reprocess
         behaviour"): ``completed`` (all; the hourly schedule may already have run them),
-        ``failed`` or ``none``."""
-        status, body = self.call("POST", "/api/v2/backfills", {
-            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": reprocess,
-            "max_active_runs": 1})
+        ``failed`` or ``none``.
+
+        Airflow answers 503 "Database is locked" when it creates a backfill on SQLite
+        (what `make run` uses) while the scheduler writes: a user clicks again, and so
+        does this, a few times (README, known limits)."""
+        for _attempt in range(6):
+            status, body = self.call("POST", "/api/v2/backfills", {
+                "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": reprocess,
+                "max_active_runs": 1})
+            if not (status == 503 and "locked" in str(body)):
+                break
+            time.sleep(10)
         assert status == 200, f"creating a backfill answered {status}: {body}"
         return body
 
