@@ -162,5 +162,5 @@ def last_validation(table_path: str) -> dict | None:
 def last_validated_version(table_path: str) -> int | None:
     """The highest ``to_version`` recorded for a table path: where "since the last
     validation" starts."""
-    versions = [r["to_version"] for r in read_results(table_path=str(table_path)) if r["to_version"] is not None]
-    return max(versions) if versions else None
+    last = last_validation(table_path)
+    return last["to_version"] if last else None
