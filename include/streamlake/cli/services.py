@@ -47,8 +47,16 @@ def _start_broker_and_producer(args) -> None:
     from streamlake.platform import broker
     from streamlake.spark.session import job_environment
 
+    from streamlake.platform.broker_state import archive_for_new_broker
+
     state = broker.start(args.kafka_port)
     print(f"Kafka (embedded):  {state['bootstrap']}")
+    if not state["already_running"]:
+        archived = archive_for_new_broker()
+        if archived:
+            print(f"                   a new broker starts with empty topics (it keeps them in memory): the "
+                  f"tables, savepoints and proofs written from the previous broker's topics moved to {archived}; "
+                  f"the demo starts over")
     if procs.status("producer") is None:
         env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
         procs.start("producer", [str(Path(sys.executable).parent / "streamlake"), "produce", "--topic", args.topic,
