@@ -1,7 +1,8 @@
 """
 ### rescale: change a job's parallelism without changing its results
 
-Flink's `modify -p` (savepoint, stop, restart with a new parallelism). Steps:
+Flink's stop-with-savepoint, then `run -s <savepoint> -p <new parallelism>`.
+Steps:
 
 1. **throughput_before**: median rows/s of the job's last micro-batches.
 2. **savepoint_and_stop**: savepoint at a micro-batch boundary, job stopped.
@@ -9,20 +10,26 @@ Flink's `modify -p` (savepoint, stop, restart with a new parallelism). Steps:
    cores (`spark.cores.max`), cores per executor, input splits
    (`minPartitions`: Kafka ranges split across tasks), `maxOffsetsPerTrigger`,
    the number of partitions of gold's aggregation, and the Spark connection
-   to run on.
-4. **restart**: the job restarts from the savepoint with the new settings
-   (available-now: every stage catches up on what arrived meanwhile). No
-   stage keeps its state in Spark: bronze's is its offsets, silver's its
-   position and its own table, gold's the gold table and its watermark (Delta
-   `txn`). Spark 4.2 cannot change a stateful checkpoint's state partitions,
-   but there is no such state here, so gold's parallelism can change and the
-   results stay identical (sums are exact decimals).
-5. **throughput_after** and **record**: rows/s after the rescale; both numbers go
-   to the `operations` table and the task log.
-6. **verify**: after the rescale, every check (bronze exactly once, every
-   bronze row once downstream, gold equal to a recompute) and data quality, on
-   `spark_default` whatever the job runs on.
-7. **continue_continuous**: a job that ran continuously is started again.
+   to run on. Every later start of the job uses them.
+4. **record**: the rescale (settings before and after, savepoint, throughput
+   before) goes to the `operations` table.
+5. **resume**: the job starts from the savepoint with the new settings: a
+   `streaming_ingest` run with id `rescaled__<this run's id>` (continuous if
+   the job ran continuously, otherwise available-now: every stage catches up
+   on what arrived meanwhile). That run's **verify** proves the rescale lost
+   and duplicated nothing (bronze against Kafka across the savepoint, every
+   bronze row once downstream, gold equal to a recompute from silver, data
+   quality of the new rows; recorded under the operation `rescale`), and its
+   **rescale_throughput** records the rows/s on the new resources next to the
+   throughput before. As with Flink, the rescale is done when the job is
+   started on its new resources; the catch-up is the job's own run, next to
+   it in the UI.
+
+No stage keeps its state in Spark: bronze's is its offsets, silver's its
+position and its own table, gold's the gold table and its watermark (Delta
+`txn`). Spark 4.2 cannot change a stateful checkpoint's state partitions, but
+there is no such state here, so gold's parallelism can change and the results
+stay identical (sums are exact decimals).
 
 Works on `local[*]` and on the standalone cluster (`streamlake spark start`,
 connection `spark_cluster`), e.g. from one worker's cores to two.
@@ -33,12 +40,11 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param, task
 
 from streamlake.operations.jobs import DEMO_JOB
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, continue_if_continuous
-from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_job
 
 with DAG(
     dag_id="rescale",
-    description="Savepoint, stop, restart a job with new parallelism, record throughput, check consistency",
+    description="Savepoint, stop, restart a job with new parallelism from the savepoint; its run proves consistency",
     doc_md=__doc__,
     tags=["streamlake", "operations", "rescale"],
     **MANUAL_OPERATION_DAG,
@@ -87,42 +93,16 @@ with DAG(
                                  params.get("gold_partitions"))
         return {**settings, "progress_mark": progress_mark(params["job"])}
 
-    restart = JobRunOperator(
-        task_id="restart",
-        job_name="{{ params.job }}",
-        spark_conn_id="{{ params.spark_conn_id }}",
-        doc_md="Restart from the savepoint with the new settings (available-now catch-up).",
-    )
-
-    @task(task_id="throughput_after")
-    def after(params: dict, settings: dict) -> dict:
-        """Median rows/s of the micro-batches run with the new settings."""
-        from streamlake.orchestration.tasks import throughput
-
-        return throughput(params["job"], start_line=settings["progress_mark"])
-
     @task(task_id="record")
-    def record(params: dict, settings: dict, savepoint: dict, before: dict, after: dict) -> dict:
-        """Throughput before and after, with the settings, into the operations table."""
+    def record(params: dict, settings: dict, savepoint: dict, before: dict) -> dict:
+        """The rescale, with the throughput before, into the operations table."""
         from streamlake.orchestration.tasks import record_rescale
 
-        return record_rescale(params["job"], settings, savepoint, before, after)
-
-    check = JobVerifyOperator(
-        task_id="verify",
-        job_name="{{ params.job }}",
-        operation="rescale",
-        doc_md="Every check and data quality after the rescale (on spark_default: the checks read only what "
-               "changed, a local driver answers sooner than executors on the cluster).",
-    )
+        return record_rescale(params["job"], settings, savepoint, before)
 
     measured = before()
     sp = savepoint_and_stop()
     measured >> sp
     settings = apply_settings(savepoint=sp)
-    settings >> restart
-    measured_after = after(settings=settings)
-    restart >> measured_after
-    recorded = record(settings=settings, savepoint=sp, before=measured, after=measured_after)
-    recorded >> check >> continue_if_continuous(sp, job="{{ params.job }}",
-                                                  spark_conn_id="{{ params.spark_conn_id }}")
+    record(settings=settings, savepoint=sp, before=measured) >> resume_job(
+        sp, job="{{ params.job }}", spark_conn_id="{{ params.spark_conn_id }}", after="rescale")

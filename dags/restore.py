@@ -17,7 +17,7 @@ Flink's `run -s <savepoint>`. Steps:
    continuously before the restore, otherwise available-now on
    `spark_conn_id`). Everything that arrived since the savepoint flows through
    every stage, and that run's **verify** checks every stage and the data
-   quality of the new rows. As with Flink's `run -s`, the restore is done when
+   quality of the new rows (recorded under the operation `restore`). As with Flink's `run -s`, the restore is done when
    its state is proven and the job started; the catch-up is the job's own run,
    next to it in the UI.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_from_restored_state
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_job
 from streamlake.orchestration.operators import JobVerifyOperator
 
 SAVEPOINTS = savepoint_ids()
@@ -68,5 +68,5 @@ with DAG(
         doc_md="Bronze equals the savepoint (audit clean, offsets the manifest's); every stage checked.",
     )
 
-    restored >> check_restored >> resume_from_restored_state(restored, job=job,
-                                                           spark_conn_id="{{ params.spark_conn_id }}")
+    restored >> check_restored >> resume_job(restored, job=job, spark_conn_id="{{ params.spark_conn_id }}",
+                                             after="restore")

@@ -41,6 +41,11 @@ the rows the run added. Results go to the `consistency_checks` and
 expectation fails the run with the details in the log. The tables are Airflow
 Assets: the Assets view shows what feeds what.
 
+A run started by the `restore` or `rescale` DAG (id `restored__…` /
+`rescaled__…`, param `resumes`) completes that operation: its checks are
+recorded under it, and after a rescale **rescale_throughput** records the
+rows/s on the new resources next to the throughput before.
+
 Only one run at a time (`max_active_runs=1`): scheduled runs wait while a
 continuous run is active. Logic lives in `include/streamlake/`.
 """
@@ -96,6 +101,10 @@ with DAG(
         "failure_interval_seconds": Param(300, type="number", exclusiveMinimum=0,
                                           title="failure-rate: interval (s)",
                                           description="Window in which failures are counted (failure-rate)."),
+        "resumes": Param("", type="string", enum=["", "restore", "rescale"], title="Resumes after",
+                         description="Set by the restore and rescale DAGs when they start the job: the operation "
+                                     "this run completes. Its checks are recorded under it, and after a rescale "
+                                     "it records the throughput on the new resources. Empty for ordinary runs."),
     },
 ) as dag:
 
@@ -130,9 +139,18 @@ with DAG(
         task_id="verify",
         job_name="{{ params.job }}",
         spark_conn_id="{{ params.spark_conn_id }}",
-        operation="ingest-{{ params.mode }}",
+        operation="{{ params.resumes or 'ingest-' ~ params.mode }}",
         trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
         doc_md="Checks (bronze vs Kafka, every bronze row once downstream, gold vs recompute) and data quality.",
     )
 
-    choose_mode() >> [ingest, supervise()] >> verify
+    @task.run_if(lambda context: context["params"]["resumes"] == "rescale",
+                 skip_message="not resuming a rescale")
+    @task(task_id="rescale_throughput")
+    def rescale_throughput(params: dict) -> dict:
+        """After a rescale: rows/s on the new resources, recorded next to the throughput before."""
+        from streamlake.orchestration.tasks import measure_rescale
+
+        return measure_rescale(params["job"])
+
+    choose_mode() >> [ingest, supervise()] >> verify >> rescale_throughput()

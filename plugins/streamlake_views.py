@@ -123,6 +123,13 @@ def checks(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> H
     return _page("Consistency checks", body)
 
 
+@app.get("/api/operations")
+def api_operations(job: str | None = None, limit: int = 100) -> list[dict]:
+    from streamlake.operations.records import recent_operations
+
+    return json.loads(json.dumps(recent_operations(limit, job), default=str))
+
+
 @app.get("/operations", response_class=HTMLResponse)
 def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
     from streamlake.operations.records import recent_operations
@@ -131,8 +138,9 @@ def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) 
     for r in recent_operations(limit, job):
         details = json.loads(r["details"] or "{}")
         summary = details
-        if r["operation"] == "rescale":
-            summary = {"before": details.get("throughput_before"), "after": details.get("throughput_after"),
+        if r["operation"] in ("rescale", "rescale-throughput"):
+            summary = {"before": details.get("throughput_before"),
+                       "after": details.get("throughput_after", "measured by the job's next run"),
                        "settings": details.get("settings", {}).get("after")}
         rows.append([_td(r["at"]), _td(r["operation"]), _td(r["job"]),
                      "<td><code>" + html.escape(json.dumps(summary, default=str)[:600]) + "</code></td>"])

@@ -118,8 +118,9 @@ def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topi
     assert "restored__" in out, "the restore starts the job from the restored state (a streaming_ingest run)"
     # That run, as the scheduler would run it (`dags test` does not run triggered runs):
     # the 700 records after the savepoint flow through every stage again, checked.
-    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
+    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled", "resumes": "restore"})
     assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
+    assert "[restore] job" in out, "the resumed run's checks are recorded under the restore"
     for table in ("bronze", "silver", "gold"):
         restores = [a["commitInfo"] for c in delta_log_entries(job.table_path(table)) for a in c
                     if "commitInfo" in a and a["commitInfo"]["operation"] == "RESTORE"]
@@ -249,8 +250,15 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
                                           "total_executor_cores": 2, "executor_cores": 1, "min_partitions": 4,
                                           "gold_partitions": 5}, env=cluster_conn)
         assert code == 0, out[-4000:]
+        assert "rescaled__" in out, "the rescale starts the job on its new resources (a streaming_ingest run)"
         out_cli, _ = running.communicate(timeout=120)
         assert running.returncode == 0, f"the running job stops with the savepoint: {out_cli[-2000:]}"
+        # That run, as the scheduler would run it (`dags test` does not run triggered runs), on the
+        # cluster with the new resources; available-now rather than continuous so that it ends.
+        code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled",
+                                                   "spark_conn_id": "spark_cluster", "resumes": "rescale"},
+                              env=cluster_conn)
+        assert code == 0, out[-4000:]
     finally:
         producer.join(120)
         stop.set()
@@ -263,9 +271,12 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     assert [a["cores"] for a in pipeline_apps][:2] == [1, 2], apps
     rescaled = load_job(job.name)
     assert rescaled.total_executor_cores == 2 and rescaled.min_partitions == 4 and rescaled.gold_partitions == 5
-    details = json.loads(recent_operations(5, job.name)[0]["details"])
+    measured = recent_operations(5, job.name)[0]
+    assert measured["operation"] == "rescale-throughput", measured
+    details = json.loads(measured["details"])
     assert details["throughput_before"]["rows_per_second"] and details["throughput_after"]["rows_per_second"]
-    assert "[rescale] job" in out and "EXACTLY ONCE" in out
+    assert details["settings"]["after"]["total_executor_cores"] == 2
+    assert "[rescale] job" in out and "EXACTLY ONCE" in out  # the resumed run's proof, under the rescale
     # The stream went on while the job was stopped: catch up (2 cores, 5 gold partitions), then
     # build the reference from the same topic in one go, without any rescale.
     code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled", "spark_conn_id": "spark_default"})

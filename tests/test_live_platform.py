@@ -64,8 +64,14 @@ def test_savepoint_restore_rescale_and_backfills_on_the_running_demo(live_platfo
     # catches up and checks every stage.
     resumed = rest.wait("streaming_ingest", f"restored__{restore['dag_run_id']}", OPERATION_TIMEOUT_S)
     assert resumed["state"] == "success", rest.failed_tasks("streaming_ingest", resumed["dag_run_id"])
-    operate(rest, "rescale", {"job": JOB, "spark_conn_id": "spark_cluster", "total_executor_cores": 2,
-                              "executor_cores": 1, "gold_partitions": 3})
+    rescale = operate(rest, "rescale", {"job": JOB, "spark_conn_id": "spark_cluster", "total_executor_cores": 2,
+                                        "executor_cores": 1, "gold_partitions": 3})
+    # The rescale started the job on its new resources: that run catches up, proves the
+    # rescale lost and duplicated nothing, and records the throughput after.
+    rescaled = rest.wait("streaming_ingest", f"rescaled__{rescale['dag_run_id']}", OPERATION_TIMEOUT_S)
+    assert rescaled["state"] == "success", rest.failed_tasks("streaming_ingest", rescaled["dag_run_id"])
+    status, operations = rest.call("GET", f"/streamlake/api/operations?job={JOB}")
+    assert status == 200 and any(o["operation"] == "rescale-throughput" for o in operations), operations
 
     # Late events accumulate in the demo; a manual backfill of all of them repairs gold.
     operate(rest, "backfill_late_data", {"job": JOB, "all_pending": True, "dry_run": False})

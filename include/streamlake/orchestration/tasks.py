@@ -114,14 +114,38 @@ def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, 
             "rows": sum(b.get("numInputRows", 0) for b in batches)}
 
 
-def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict, after: dict) -> dict:
+def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict) -> dict:
+    """Record a rescale (settings before and after, savepoint, throughput before) in the
+    operations table; the job's next run measures the throughput after (:func:`measure_rescale`)."""
     from streamlake.operations.records import record_operation
 
-    details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before,
+    details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before, **run_context()}
+    details["operation_id"] = record_operation("rescale", job_name, details)
+    log.info("rescale of %s: %s rows/s before (%s -> %s); the job's next run measures the throughput after",
+             job_name, before.get("rows_per_second"), settings["before"], settings["after"])
+    return details
+
+
+def measure_rescale(job_name: str) -> dict:
+    """The throughput after the job's latest rescale: median rows/s of the micro-batches run
+    since the rescale applied its settings, recorded (``rescale-throughput``) next to the
+    throughput before. Raises LookupError when the job was never rescaled."""
+    import json
+
+    from streamlake.operations.records import record_operation, recent_operations
+
+    rescales = [r for r in recent_operations(1000, job_name) if r["operation"] == "rescale"]
+    if not rescales:
+        raise LookupError(f"job {job_name} has no rescale to measure")
+    rescale = json.loads(rescales[0]["details"])
+    after = throughput(job_name, start_line=rescale["settings"]["progress_mark"])
+    details = {"rescale": rescales[0]["operation_id"], "rescale_run_id": rescale.get("run_id"),
+               "settings": rescale["settings"], "throughput_before": rescale["throughput_before"],
                "throughput_after": after, **run_context()}
-    record_operation("rescale", job_name, details)
-    log.info("rescale of %s: %s rows/s before, %s rows/s after (%s -> %s)", job_name,
-             before.get("rows_per_second"), after.get("rows_per_second"), settings["before"], settings["after"])
+    record_operation("rescale-throughput", job_name, details)
+    log.info("rescale of %s (%s): %s rows/s before, %s rows/s after on %s", job_name, rescale.get("run_id"),
+             rescale["throughput_before"].get("rows_per_second"), after.get("rows_per_second"),
+             rescale["settings"]["after"])
     return details
 
 
