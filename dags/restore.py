@@ -17,9 +17,9 @@ Flink's `run -s <savepoint>`. Steps:
    continuously before the restore, otherwise available-now on
    `spark_conn_id`). Everything that arrived since the savepoint flows through
    every stage, and that run's **verify** checks every stage and the data
-   quality of the new rows (recorded under the operation `restore`). As with Flink's `run -s`, the restore is done when
-   its state is proven and the job started; the catch-up is the job's own run,
-   next to it in the UI.
+   quality of the new rows (recorded under the operation `restore`). As with
+   Flink's `run -s`, the restore is done when its state is proven and the job
+   started; the catch-up is the job's own run, next to it in the UI.
 
 The form lists the existing savepoint ids (newest first); the list is refreshed
 when the DAG is re-parsed. Shell: `streamlake savepoint restore ID`.
