@@ -159,7 +159,9 @@ class SteadyProducer:
                 due = started + self.sent / self.rate
                 ahead = due - time.monotonic()
                 if ahead > 0:
-                    producer.poll(min(ahead, 0.01))
+                    # librdkafka's poll timeout is whole milliseconds: a shorter one returns at
+                    # once and the loop would spin a core that the broker and the job need.
+                    producer.poll(min(max(ahead, 0.001), 0.01))
                     continue
                 self.behind_s = max(self.behind_s, -ahead)
                 now = time.time()

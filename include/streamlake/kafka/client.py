@@ -245,10 +245,19 @@ class KafkaMetadataClient:
         KafkaUnavailableError if a partition's end is not known within the API
         timeout.
         """
-        tps = list(tps)
+        return self.confirm_ends(self.listed_ends(tps))
+
+    def listed_ends(self, tps: Iterable[TopicPartition]) -> Offsets:
+        """ListOffsets(latest) alone: the end on Apache Kafka; on the embedded broker, whose
+        answer is the newest record batch's base offset + 1, a real position that may fall
+        short of the end by the rest of that batch (never beyond it). One request, no fetch."""
+        return self._list_offsets(list(tps), -1)
+
+    def confirm_ends(self, listed: Mapping[TopicPartition, int]) -> Offsets:
+        """The ends of :meth:`latest`, from ListOffsets answers ``listed`` (see there)."""
+        tps = list(listed)
         if not tps:
             return {}
-        listed = self._list_offsets(tps, -1)
         consumer = self.consumer
         ktps = {tp: KafkaTopicPartition(tp.topic, tp.partition) for tp in tps}
         stale_high = {tp: consumer.get_watermark_offsets(ktps[tp], cached=True)[1] for tp in tps}

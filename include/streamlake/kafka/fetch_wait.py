@@ -39,7 +39,7 @@ from typing import Mapping
 log = logging.getLogger(__name__)
 
 PROPERTY = "fetch.wait.max.ms"
-STEPS_MS = (10, 50, 250, 1000, 4000)
+STEPS_MS = (50, 250, 1000, 4000)
 DECAY_S = 60.0
 MIN_RECORDS_PER_WINDOW = 100
 MIN_WINDOW_S = 0.3

@@ -1,25 +1,40 @@
-"""Executor-side reading of one Kafka offset range into Arrow record batches.
+"""Executor-side reading of Kafka offset ranges into Arrow record batches.
 
-Runs inside Spark's Python workers. Consumers are cached per worker process and
-client configuration (Spark reuses Python workers across tasks), so a task pays
-for an ``assign()``, not for a new connection; except after a read that ended
-at the end of the log, where the consumer's prefetch is held by the broker for
-the fetch wait and would delay the next task: that consumer is closed.
+Runs inside Spark's Python workers. A task reads *all* its ranges with one
+consumer (:func:`read_ranges`): every range is assigned at once, so one fetch
+request covers every partition of the task, and a range that is complete is
+paused, so later fetches do not touch it. Consumers are cached per worker
+process, client configuration and kind of read (Spark reuses Python workers
+across tasks), so a task pays for an ``assign()``, not for a new connection.
+
+Two kinds of read, because a fetch answer is not free on every broker (on the
+embedded broker each one lists every record batch of the partition):
+
+* **tail** reads (every range at most :data:`TAIL_RANGE_RECORDS` records, what
+  a micro-batch of a live stream reads): the consumer does not prefetch
+  (``queued.min.messages=1``), so a range that one answer covers costs one
+  fetch, not two, and no fetch is left waiting at the broker afterwards;
+* **bulk** reads (catch-up, backfills of Kafka, benchmarks): librdkafka's
+  prefetching keeps the next answer coming while this one is decoded. After a
+  bulk read that ended at the end of the log, the consumer's prefetch is held by
+  the broker for the fetch wait and would delay the next task: that consumer is
+  closed.
 
 A read that stalls (records are there but hardly arrive, as on the embedded
-broker with partitions of many small batches) moves the fetch wait up a step
+broker when a fetch takes longer than its wait) moves the fetch wait up a step
 and continues from where it was (:mod:`streamlake.kafka.fetch_wait`).
 
 Guarantees: every record Kafka returns with ``start <= offset < end`` is
-emitted once, in offset order, and nothing outside the range. Offsets Kafka skips
-(transaction markers, compacted records) are simply absent. A range that cannot
-be read completely raises instead of returning a short result.
+emitted once per range, in offset order, and nothing outside the ranges.
+Offsets Kafka skips (transaction markers, compacted records) are simply
+absent. A range that cannot be read completely raises instead of returning a
+short result.
 
-:func:`write_range_files` is the source's ``output=files`` mode (bronze's fast
-path): the same range read, written by the task itself as one Parquet file of
-a commit attempt (:class:`streamlake.delta.files.AttemptFileWriter`), so the
-records never cross into the JVM; the task returns only the file's
-description. Kept free of heavy imports: this module is what Spark's Python
+:func:`write_ranges_files` is the source's ``output=files`` mode (bronze's fast
+path): the same read, each range written by the task itself as one Parquet
+file of a commit attempt (:class:`streamlake.delta.files.AttemptFileWriter`),
+so the records never cross into the JVM; the task returns only the files'
+descriptions. Kept free of heavy imports: this module is what Spark's Python
 workers import to read.
 """
 
@@ -27,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,25 +75,41 @@ KAFKA_ARROW_SCHEMA = pa.schema([
 # librdkafka timestamp type -> Kafka's TimestampType id, which Spark exposes.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
+# A range of at most this many records is read without prefetching (a "tail" read).
+TAIL_RANGE_RECORDS = 5_000
+# librdkafka settings of each kind of read (see the module docstring). A tail consumer
+# stops fetching a partition while one record of it waits to be consumed, and looks
+# again 5 ms after its queue drained.
+_KIND_SETTINGS = {
+    "tail": {"queued.min.messages": "100", "fetch.queue.backoff.ms": "5"},
+    "bulk": {},
+}
+
 _consumers: dict[tuple, tuple[Consumer, int]] = {}
 
 
-def _cached_consumer(conf: Mapping[str, str]) -> tuple[Consumer, int]:
-    """This process's consumer for ``conf`` and its fetch wait (ms); a new one when
-    the wait for the cluster has moved up since it was made."""
-    key = tuple(sorted(conf.items()))
+def _cache_key(conf: Mapping[str, str], kind: str) -> tuple:
+    return (kind, tuple(sorted(conf.items())))
+
+
+def _cached_consumer(conf: Mapping[str, str], kind: str = "bulk") -> tuple[Consumer, int]:
+    """This process's consumer for ``conf`` and ``kind`` of read, and its fetch wait (ms);
+    a new one when the wait for the cluster has moved up since it was made. Settings of
+    the kind that the user gave as ``kafka.*`` options are left as the user set them."""
+    key = _cache_key(conf, kind)
     wait_ms = fetch_wait.current_ms(conf)
     cached = _consumers.get(key)
     if cached is not None and cached[1] != wait_ms:
-        _evict(conf)
+        _evict(conf, kind)
         cached = None
     if cached is None:
-        cached = _consumers[key] = (new_consumer(conf, "reader", wait_ms), wait_ms)
+        settings = {**_KIND_SETTINGS[kind], **conf}
+        cached = _consumers[key] = (new_consumer(settings, "reader", wait_ms), wait_ms)
     return cached
 
 
-def _evict(conf: Mapping[str, str]) -> None:
-    cached = _consumers.pop(tuple(sorted(conf.items())), None)
+def _evict(conf: Mapping[str, str], kind: str = "bulk") -> None:
+    cached = _consumers.pop(_cache_key(conf, kind), None)
     if cached is not None:
         try:
             cached[0].close()
@@ -143,122 +174,186 @@ def files_rows(description: str, records: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([column], schema=FILES_ARROW_SCHEMA)
 
 
-def write_range_files(conf: Mapping[str, str], rng: OffsetRange, target, name: str, *, poll_timeout_ms: int,
-                      fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
-    """Read ``rng`` (as :func:`read_range`) and write it as the Parquet file ``name`` in
-    ``target`` (a :class:`streamlake.delta.files.FileTarget`); yield
-    :func:`files_rows` for it (nothing for a range without records). A failure
-    leaves at most a partial file that no commit references."""
+def write_ranges_files(conf: Mapping[str, str], ranges: Sequence[OffsetRange], target, names: Sequence[str], *,
+                       poll_timeout_ms: int, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+    """Read ``ranges`` (as :func:`read_ranges`) and write range ``i`` as the Parquet file
+    ``names[i]`` in ``target`` (a :class:`streamlake.delta.files.FileTarget`); yield
+    :func:`files_rows` for each file written (nothing for a range without records).
+    A failure leaves at most partial files that no commit references."""
     from streamlake.delta.files import AttemptFileWriter, data_file_to_json
 
-    writer = AttemptFileWriter(target, name)
+    writers = [AttemptFileWriter(target, name) for name in names]
     try:
-        for batch in read_range(conf, rng, poll_timeout_ms=poll_timeout_ms, fail_on_data_loss=fail_on_data_loss):
-            writer.write(batch)
-        described = writer.close()
+        for i, batch in read_ranges(conf, ranges, poll_timeout_ms=poll_timeout_ms,
+                                    fail_on_data_loss=fail_on_data_loss):
+            writers[i].write(batch)
+        described = [writer.close() for writer in writers]
     except BaseException:
-        writer.abort()
+        for writer in writers:
+            writer.abort()
         raise
-    if described is not None:
-        yield files_rows(data_file_to_json(described), described.num_records)
+    for file in described:
+        if file is not None:
+            yield files_rows(data_file_to_json(file), file.num_records)
 
 
 def read_range(conf: Mapping[str, str], rng: OffsetRange, *, poll_timeout_ms: int,
                fail_on_data_loss: bool, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``rng`` as Arrow batches in Spark's Kafka schema.
+    """The records of one range as Arrow batches in Spark's Kafka schema (see :func:`read_ranges`)."""
+    for _i, batch in read_ranges(conf, [rng], poll_timeout_ms=poll_timeout_ms,
+                                 fail_on_data_loss=fail_on_data_loss, batch_rows=batch_rows):
+        yield batch
 
-    Raises DataLossError when offsets of the range are no longer held by Kafka
-    and ``fail_on_data_loss`` (otherwise the lost prefix is skipped with a
-    warning), and KafkaUnavailableError when no record arrives for
-    ``poll_timeout_ms`` or the broker reports an error.
+
+def read_ranges(conf: Mapping[str, str], ranges: Sequence[OffsetRange], *, poll_timeout_ms: int,
+                fail_on_data_loss: bool, batch_rows: int = 20_000) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Yield ``(i, batch)``: the records of ``ranges[i]`` as Arrow batches in Spark's Kafka
+    schema, each range's batches in offset order (the ranges' batches interleave).
+
+    All ranges are read at once by one consumer; they must be of distinct
+    partitions (ValueError otherwise). Raises DataLossError when offsets of a
+    range are no longer held by Kafka and ``fail_on_data_loss`` (otherwise the
+    lost prefix is skipped with a warning), and KafkaUnavailableError when no
+    record arrives for ``poll_timeout_ms`` or the broker reports an error.
     """
     from streamlake.faults import crash_point
 
-    tp = f"{rng.topic}-{rng.partition}"
-    ktp = KafkaTopicPartition(rng.topic, rng.partition)
-    consumer, wait_ms = _cached_consumer(conf)
-    consumer.assign([KafkaTopicPartition(rng.topic, rng.partition, rng.start)])
+    keys = [(r.topic, r.partition) for r in ranges]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"read_ranges reads each partition once; got {', '.join(map(str, ranges))}")
+    index = {key: i for i, key in enumerate(keys)}
+    position = [r.start for r in ranges]
+    builders = [_BatchBuilder(r.topic, r.partition) for r in ranges]
+    open_ranges = {i for i, r in enumerate(ranges) if r.size > 0}
+    if not open_ranges:
+        return
+    paused: list[KafkaTopicPartition] = []  # an application's pause outlives unassign(): lifted at the end
+    kind = "tail" if max(ranges[i].size for i in open_ranges) <= TAIL_RANGE_RECORDS else "bulk"
+    consumer, wait_ms = _cached_consumer(conf, kind)
+
+    def assign_open() -> None:
+        consumer.assign([KafkaTopicPartition(ranges[i].topic, ranges[i].partition, position[i])
+                         for i in sorted(open_ranges)])
+
+    def finish(i: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Range ``i`` is complete: stop fetching its partition, hand out what is left."""
+        open_ranges.discard(i)
+        position[i] = ranges[i].end
+        paused.append(KafkaTopicPartition(ranges[i].topic, ranges[i].partition))
+        consumer.pause(paused[-1:])
+        if len(builders[i]):
+            crash_point("read")
+            yield i, builders[i].flush()
+
+    assign_open()
     stall = fetch_wait.StallDetector(wait_ms)
-    builder = _BatchBuilder(rng.topic, rng.partition)
-    position = rng.start
     last_progress = time.monotonic()
     ok = False
     try:
-        while position < rng.end:
+        while open_ranges:
             # consume() waits until it has num_messages or the timeout passed: ask for
-            # what is left of the range, so it returns as soon as the range's last record
-            # is in (one more would wait for a record after the range or the EOF event,
-            # which a broker holds for fetch.wait.max.ms at the end of the log). Offsets
-            # without records (transaction markers) are made up by the EOF event or the
-            # records after them.
-            msgs = consumer.consume(num_messages=max(1, min(rng.end - position, 10_000)), timeout=0.1)
+            # what is left of the ranges, so it returns as soon as their last records are
+            # in (one more would wait for a record after them or an EOF event, which a
+            # broker holds for fetch.wait.max.ms at the end of the log). Offsets without
+            # records (transaction markers) are made up by EOF events or later records.
+            left = sum(ranges[i].end - position[i] for i in open_ranges)
+            msgs = consumer.consume(num_messages=max(1, min(left, 10_000)), timeout=0.1)
             if not msgs and time.monotonic() - last_progress > poll_timeout_ms / 1000:
+                waiting = ", ".join(f"{ranges[i].topic}-{ranges[i].partition} [{ranges[i].start}, {ranges[i].end}) "
+                                    f"at offset {position[i]}" for i in sorted(open_ranges))
                 raise KafkaUnavailableError(
-                    f"no progress reading {tp} offsets [{rng.start}, {rng.end}) at offset {position} "
-                    f"for {poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs)"
-                )
+                    f"no progress reading {waiting} for {poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs)")
             received = 0
+            reassign = False
             for msg in msgs:
+                i = index.get((msg.topic(), msg.partition()))
+                if i is None or i not in open_ranges:
+                    continue  # a complete range, or a stale message of an earlier assignment
+                rng = ranges[i]
                 err = msg.error()
                 if err is not None:
                     code = err.code()
                     if code == KafkaError._PARTITION_EOF:
                         if msg.offset() >= rng.end:  # only markers/compacted offsets were left
-                            position = rng.end
-                            break
-                        stall.end_reported()  # end not readable yet (e.g. open transaction); keep polling
+                            yield from finish(i)
+                        else:
+                            stall.end_reported()  # end not readable yet (e.g. open transaction); keep polling
                         continue
                     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        position = _handle_out_of_range(consumer, rng, position, fail_on_data_loss, err)
-                        break
-                    raise KafkaUnavailableError(f"reading {tp} at offset {position} failed: {err}")
+                        moved = _handle_out_of_range(consumer, rng, position[i], fail_on_data_loss, err)
+                        if moved >= rng.end:
+                            yield from finish(i)
+                        else:
+                            position[i], reassign = moved, True
+                        continue
+                    raise KafkaUnavailableError(f"reading {rng.topic}-{rng.partition} at offset {position[i]} "
+                                                f"failed: {err}")
                 offset = msg.offset()
-                if msg.topic() != rng.topic or msg.partition() != rng.partition or offset < position:
+                if offset < position[i]:
                     continue  # stale message of an earlier assignment
                 if offset >= rng.end:
-                    position = rng.end
-                    break
-                builder.append(msg)
-                position = offset + 1
+                    yield from finish(i)
+                    continue
+                builders[i].append(msg)
+                position[i] = offset + 1
                 received += 1
-                if len(builder) >= batch_rows:
+                if position[i] >= rng.end:
+                    yield from finish(i)
+                elif len(builders[i]) >= batch_rows:
                     crash_point("read")
-                    yield builder.flush()
+                    yield i, builders[i].flush()
+            if reassign and open_ranges:
+                assign_open()
             if received:
                 last_progress = time.monotonic()
                 stall.records(received)
-            if position < rng.end and stall.stalled():
+            if open_ranges and stall.stalled():
                 longer = fetch_wait.raise_step(conf, wait_ms)
                 if longer is not None:
-                    consumer.unassign()
-                    consumer, wait_ms = _cached_consumer(conf)
-                    consumer.assign([KafkaTopicPartition(rng.topic, rng.partition, position)])
+                    _evict(conf, kind)
+                    paused.clear()
+                    consumer, wait_ms = _cached_consumer(conf, kind)
+                    assign_open()
                     stall = fetch_wait.StallDetector(wait_ms)
                     last_progress = time.monotonic()
-        if len(builder):
-            crash_point("read")
-            yield builder.flush()
         ok = True
     finally:
-        if ok and not _at_end_of_log(consumer, ktp, position):
+        if ok and (kind == "tail" or not _any_at_end_of_log(consumer, ranges)):
+            if paused:
+                consumer.resume(paused)
             consumer.unassign()
+            if kind == "tail":
+                _drain(consumer)
         else:
-            _evict(conf)
+            _evict(conf, kind)
 
 
-def _at_end_of_log(consumer: Consumer, ktp: KafkaTopicPartition, position: int) -> bool:
-    """True when the last fetch answer put ``position`` at the end of the partition:
+def _drain(consumer: Consumer) -> None:
+    """Drop what a tail consumer still holds (records after the ranges' ends): its
+    partitions share one queue, and while that queue holds ``queued.min.messages``
+    records librdkafka fetches no partition, the next read's included."""
+    for _ in range(1000):
+        if not consumer.consume(num_messages=10_000, timeout=0):
+            return
+
+
+def _any_at_end_of_log(consumer: Consumer, ranges: Sequence[OffsetRange]) -> bool:
+    """True when the last fetch answers put some range's end at the end of its partition:
     the consumer then has a fetch waiting at the broker (see the module docstring)."""
-    try:
-        high = consumer.get_watermark_offsets(ktp, cached=True)[1]
-    except Exception:  # noqa: BLE001 - unknown: assume the worst, a new consumer is cheap
-        return True
-    return high < 0 or position >= high
+    for rng in ranges:
+        try:
+            high = consumer.get_watermark_offsets(KafkaTopicPartition(rng.topic, rng.partition), cached=True)[1]
+        except Exception:  # noqa: BLE001 - unknown: assume the worst, a new consumer is cheap
+            return True
+        if high < 0 or rng.end >= high:
+            return True
+    return False
 
 
 def _handle_out_of_range(consumer: Consumer, rng: OffsetRange, position: int,
                          fail_on_data_loss: bool, err: KafkaError) -> int:
-    """Kafka no longer holds ``position``: fail, or skip to the earliest offset it holds."""
+    """Kafka no longer holds ``position``: fail, or the earliest offset it holds (the
+    caller assigns from there; ``rng.end`` or more: nothing of the range is left)."""
     tp = KafkaTopicPartition(rng.topic, rng.partition)
     low, _high = consumer.get_watermark_offsets(tp, timeout=10)
     message = (
@@ -268,8 +363,4 @@ def _handle_out_of_range(consumer: Consumer, rng: OffsetRange, position: int,
     if fail_on_data_loss:
         raise DataLossError(message + ". Set failOnDataLoss=false to skip them.")
     log.warning("%s; skipping them (failOnDataLoss=false)", message)
-    new_position = max(low, position)
-    if new_position < rng.end:
-        consumer.assign([KafkaTopicPartition(rng.topic, rng.partition, new_position)])
-        return new_position
-    return rng.end
+    return max(low, position)

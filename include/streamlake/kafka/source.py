@@ -79,7 +79,7 @@ from streamlake.kafka.offsets import (
     plan_ranges,
     rate_limit,
 )
-from streamlake.kafka.reader import FILES_SCHEMA_DDL, KAFKA_SCHEMA_DDL, read_range, write_range_files
+from streamlake.kafka.reader import FILES_SCHEMA_DDL, KAFKA_SCHEMA_DDL, read_range, write_ranges_files
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,9 @@ class KafkaOffsetPlanner:
     def __init__(self, options: KafkaSourceOptions):
         self.options = options
         self._client: KafkaMetadataClient | None = None
+        self._earliest_at_start: Offsets | None = None  # available-now: what Kafka held when the run started
+        self._listed: Offsets = {}  # the previous trigger's ListOffsets answers (see live_ends)
+        self._confirmed: dict[TopicPartition, tuple[int, int]] = {}  # answer -> end a fetch confirmed
 
     @property
     def client(self) -> KafkaMetadataClient:
@@ -368,17 +371,22 @@ class KafkaOffsetPlanner:
 
     def check_available(self, start: Mapping[TopicPartition, int], *,
                         earliest: Mapping[TopicPartition, int] | None = None,
-                        latest: Mapping[TopicPartition, int] | None = None) -> Offsets:
+                        latest: Mapping[TopicPartition, int] | None = None,
+                        retention: bool = True) -> Offsets:
         """Start offsets Kafka can serve. Offsets before the log start (retention) or
         past the end (topic recreated) are data loss: DataLossError when
-        ``failOnDataLoss``, else moved to the earliest offset with a warning."""
+        ``failOnDataLoss``, else moved to the earliest offset with a warning.
+        Without ``retention`` only the end is checked (the reads find offsets that
+        retention removed) and Kafka is asked for earliest offsets only where needed."""
         tps = list(start)
-        earliest = earliest if earliest is not None else self.client.earliest(tps)
         latest = latest if latest is not None else self.client.latest(tps)
+        if earliest is None:
+            asked = tps if retention else [tp for tp in tps if start[tp] > latest[tp]]
+            earliest = self.client.earliest(asked) if asked else {}
         problems, fixed = [], dict(start)
         for tp in tps:
             off = start[tp]
-            if off < earliest[tp]:
+            if tp in earliest and off < earliest[tp]:
                 problems.append(f"{tp}: offsets [{off}, {earliest[tp]}) are no longer in Kafka (earliest {earliest[tp]})")
                 fixed[tp] = earliest[tp]
             elif off > latest[tp]:
@@ -398,8 +406,14 @@ class KafkaOffsetPlanner:
                  target: Mapping[TopicPartition, int] | None) -> tuple[Offsets, Offsets]:
         """End offsets of the next micro-batch and the latest offsets seen.
 
-        New partitions start at their earliest offset. ``target`` (available-now)
-        caps every partition; ``limit`` caps the total number of offsets.
+        New partitions start at their earliest offset. ``target`` (available-now:
+        what Kafka held when the run started, see :meth:`available_now_target`) caps
+        every partition and is the end this run reads to, so Kafka is not asked
+        again; otherwise the end comes from :meth:`live_ends`. ``limit`` caps the
+        total number of offsets. A start past the end (the topic was recreated) is
+        data loss; so is, in an available-now run, a start before what Kafka holds
+        (retention). Under processing-time triggers offsets that retention removed
+        are found by the read tasks, which fail or skip them the same way.
         """
         tps = self.partitions()
         gone = sorted(set(start) - set(tps))
@@ -409,12 +423,18 @@ class KafkaOffsetPlanner:
                 raise DataLossError(message + ". Set failOnDataLoss=false to drop them.")
             log.warning("%s; dropping them", message)
         new = [tp for tp in tps if tp not in start]
-        earliest = self.client.earliest(tps)
-        latest = self.client.latest(tps)
         begin = {tp: start[tp] for tp in tps if tp in start}
-        begin = self.check_available(begin, earliest=earliest, latest=latest) if begin else {}
-        begin.update({tp: earliest[tp] for tp in new})
-        end = dict(latest)
+        if target is not None:
+            latest = {tp: target.get(tp, begin.get(tp, 0)) for tp in tps}
+            earliest = self._earliest_at_start
+        else:
+            latest = self.live_ends(tps, begin)
+            earliest = None
+        if begin:
+            begin = self.check_available(begin, earliest=earliest, latest=latest, retention=earliest is not None)
+        if new:
+            begin.update(self.client.earliest(new))
+        end = {tp: max(begin[tp], latest[tp]) for tp in tps}
         if target is not None:
             end = {tp: max(begin[tp], min(end[tp], target.get(tp, begin[tp]))) for tp in tps}
         if isinstance(limit, ReadMaxRows):
@@ -423,6 +443,48 @@ class KafkaOffsetPlanner:
             raise InvalidOptionError(f"unsupported read limit {limit!r}")
         # Keep partitions that failOnDataLoss=false dropped out of the offsets.
         return end, latest
+
+    def available_now_target(self) -> Offsets:
+        """What an available-now run reads to: every partition's end as Kafka holds it now
+        (:meth:`KafkaMetadataClient.latest`). Also notes the earliest offsets, against which
+        the run's start is checked."""
+        tps = self.partitions()
+        self._earliest_at_start = self.client.earliest(tps)
+        return self.client.latest(tps)
+
+    def live_ends(self, tps: Sequence[TopicPartition], begin: Mapping[TopicPartition, int]) -> Offsets:
+        """Ends for a processing-time trigger at the cost of one ListOffsets request.
+
+        ListOffsets(latest) is the end on Apache Kafka. On the embedded broker it is
+        a real position that may fall short of the end by the rest of the newest
+        record batch, and every fetch there costs a listing of the whole partition,
+        so it is confirmed by a fetch (:meth:`KafkaMetadataClient.confirm_ends`) only
+        where it matters: a partition whose answer did not move since the previous
+        trigger (no new batch: the rest of the newest one would otherwise wait for the
+        next batch), once per answer, and a partition that lists below where the
+        query is (recreated topic, or a batch's rest already read). A partition whose
+        answer moved is read up to it; the rest of a multi-record newest batch comes
+        with the next trigger. Never beyond what Kafka holds.
+        """
+        listed = self.client.listed_ends(tps)
+        ends: Offsets = {}
+        confirm: Offsets = {}
+        for tp in tps:
+            answer = listed[tp]
+            confirmed = self._confirmed.get(tp)
+            if confirmed is not None and confirmed[0] == answer:
+                ends[tp] = confirmed[1]
+            elif answer < begin.get(tp, answer) or self._listed.get(tp) == answer:
+                confirm[tp] = answer
+            else:
+                ends[tp] = answer
+        self._listed = listed
+        if confirm:
+            found = self.client.confirm_ends(confirm)
+            for tp, answer in confirm.items():
+                ends[tp] = found[tp]
+                self._confirmed[tp] = (answer, found[tp])
+        return ends
 
     def ranges(self, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int],
                split: bool = True) -> list[OffsetRange]:
@@ -466,8 +528,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        planner = self.planner
-        self._target = planner.client.latest(planner.partitions())
+        self._target = self.planner.available_now_target()
         log.info("available-now target offsets: %s", offsets_to_json(self._target))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -495,21 +556,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
     def _write_files(self, ranges: Sequence[OffsetRange]) -> Iterator:
-        """``output=files``: write the part of each range the table still needs as one file."""
+        """``output=files``: write the part of each range the table still needs, one file per
+        range, all ranges read at once (:func:`streamlake.kafka.reader.write_ranges_files`)."""
         from pyspark import TaskContext
 
         context = files_context_in_task()
         task = TaskContext.get()
         attempt = task.taskAttemptId() if task is not None else 0
-        for rng in ranges:
-            first = context.first_offset(rng)
-            if first is None:
-                continue
-            name = f"part-{rng.topic}-{rng.partition}-{first}-t{attempt}.snappy.parquet"
-            yield from write_range_files(
-                self.options.client, OffsetRange(rng.topic, rng.partition, first, rng.end), context.target, name,
-                poll_timeout_ms=self.options.poll_timeout_ms, fail_on_data_loss=self.options.fail_on_data_loss,
-            )
+        needed = [OffsetRange(r.topic, r.partition, first, r.end)
+                  for r in ranges for first in [context.first_offset(r)] if first is not None]
+        names = [f"part-{r.topic}-{r.partition}-{r.start}-t{attempt}.snappy.parquet" for r in needed]
+        return write_ranges_files(self.options.client, needed, context.target, names,
+                                  poll_timeout_ms=self.options.poll_timeout_ms,
+                                  fail_on_data_loss=self.options.fail_on_data_loss)
 
     def commit(self, end: dict) -> None:
         # Nothing to acknowledge: offsets live in Spark's offset log and in the Delta
