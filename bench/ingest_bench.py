@@ -81,17 +81,16 @@ def _ceiling_task(args: tuple) -> dict:
     conf, ranges, root, tag = args
     from streamlake.delta.files import FileTarget
     from streamlake.kafka import fetch_wait
-    from streamlake.kafka.reader import KAFKA_ARROW_SCHEMA, write_range_files
+    from streamlake.kafka.reader import KAFKA_ARROW_SCHEMA, write_ranges_files
 
     target = FileTarget(root, f"ceiling-{tag}", tuple(KAFKA_ARROW_SCHEMA.names) + ("ingest_time", "batch_id"),
                         {"ingest_time": ("timestamp_us_utc", int(time.time() * 1e6)), "batch_id": ("int64", 0)},
                         ("topic", "partition", "offset", "batch_id"))
     started = time.perf_counter()
     records = 0
-    for rng in ranges:
-        for rows in write_range_files(conf, rng, target, f"part-{rng.topic}-{rng.partition}-{rng.start}.parquet",
-                                      poll_timeout_ms=60_000, fail_on_data_loss=True):
-            records += rows.num_rows
+    names = [f"part-{rng.topic}-{rng.partition}-{rng.start}.parquet" for rng in ranges]
+    for rows in write_ranges_files(conf, ranges, target, names, poll_timeout_ms=60_000, fail_on_data_loss=True):
+        records += rows.num_rows
     return {"records": records, "seconds": time.perf_counter() - started,
             "fetch_wait_ms": fetch_wait.current_ms(conf)}
 
