@@ -269,11 +269,12 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nstreamlake test state kept in {_SESSION_HOME}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def live_platform():
     """The platform as `make run` starts it (broker, demo producer, Spark cluster, Airflow
-    standalone), in a directory of its own on free ports; stopped at the end of the session.
-    Shared by the tests that use the running platform like a user (REST API, browser)."""
+    standalone), in a directory of its own on free ports; stopped after the module that uses
+    it (it keeps both cores busy: the tests after it must not share them with it). Shared by
+    that module's tests, which use the running platform like a user (REST API)."""
     from platform_harness import start_platform
 
     platform = start_platform(_SESSION_HOME / "platform")

@@ -156,10 +156,12 @@ def platform_env(home: Path, extra: dict | None = None) -> dict:
     return {**env, "STREAMLAKE_HOME": str(home), **(extra or {})}
 
 
-def start_platform(home: Path, *, rate: float = 200, every_minutes: int = 2, timeout: float = 600) -> LivePlatform:
-    """``streamlake platform`` (what ``make run`` runs) on free ports; returns when the UI answers."""
+def start_platform(home: Path, *, rate: float = 200, every_minutes: int | None = None,
+                   timeout: float = 600) -> LivePlatform:
+    """``streamlake platform`` (what ``make run`` runs) on free ports; returns when the UI answers.
+    ``every_minutes``: the scheduled pipeline's interval (default: the demo's)."""
     home.mkdir(parents=True, exist_ok=True)
-    env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)})
+    env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)} if every_minutes else None)
     port, kafka, spark, spark_ui = free_port(), free_port(), free_port(), free_port()
     done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
                            "--spark-port", str(spark), "--spark-ui-port", str(spark_ui), "--rate", str(rate)],
