@@ -11,12 +11,17 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 setup:
 	@bash scripts/setup.sh
 
+# Two workers, whole test files each (module fixtures such as the live platform stay
+# shared): the suite mostly waits on JVM starts and services, so two halve the wall time.
+# One test, serially: .venv/bin/pytest tests/test_x.py::test_y (no -n).
+PYTEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # Unit tests and quick integration only (skips the spark-submit crash/race scenarios).
 test-fast: setup
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
 
 run: setup
 	$(BIN)/streamlake platform
