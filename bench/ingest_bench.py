@@ -243,13 +243,20 @@ def measure(topic: str, partitions: int, payload_bytes: int, args, max_offsets: 
         ceilings[str(cores)] = ceiling(topic, partitions, cores)
     baseline = max(ceilings, key=lambda n: ceilings[n]["records_per_second"])
     top = ceilings[baseline]
-    progress(f"ingest of {topic}: streamlake ingest (spark-submit, {args.master})")
-    runs = {"source": ingest(topic, tag, args.master, max_offsets, args.min_partitions)}
+    progress(f"ingest of {topic}: streamlake ingest (spark-submit, {args.master}), twice like the ceiling, "
+             "the faster counts")
+    tries = [ingest(topic, f"{tag}-{n}", args.master, max_offsets, args.min_partitions) for n in (1, 2)]
+    runs = {"source": min(tries, key=lambda r: r["processing_seconds"])}
+    runs["source"]["tries_seconds"] = [t["processing_seconds"] for t in tries]
     if args.spark_writer:
         progress(f"ingest of {topic} with --writer spark (before issue 11), for comparison")
         runs["spark"] = ingest(topic, f"{tag}-spark", args.master, max_offsets, args.min_partitions, writer="spark")
-    progress(f"audit of {topic}")
-    audits = {name: audit(run["table"], topic) for name, run in runs.items()}
+    progress(f"audit of {topic}: every ingest run")
+    tried = [audit(t["table"], topic) for t in tries]
+    audits = {"source": {**tried[tries.index(runs["source"])], "runs": len(tried),
+                         "exactly_once": all(a["exactly_once"] for a in tried)}}
+    if "spark" in runs:
+        audits["spark"] = audit(runs["spark"]["table"], topic)
     mb = payload_bytes / 1e6
     for c in ceilings.values():
         c["mb_per_second"] = round(mb / c["seconds"], 1)
@@ -346,7 +353,7 @@ def markdown(result: dict) -> str:
         "",
         f"**Ceiling**: the same work without Spark: the source's range reader (confluent-kafka) and its Parquet "
         f"writer (pyarrow), in 1 process and in {cores} processes (as many as Spark has cores; the offsets cut "
-        "into equal shares the way the ingest cuts them). Twice each, the faster counts. **Ratios (× ceiling) "
+        "into equal shares the way the ingest cuts them). Twice each, and the ingest twice too: the faster counts. **Ratios (× ceiling) "
         "are to the faster ceiling** of the same topic (its row shows 1.00). **Ingest**: `streamlake ingest --available-now`, "
         "the bronze job as users run it: read tasks write the attempt's Parquet files with pyarrow, one Delta "
         "commit per micro-batch with the offsets.",
@@ -365,8 +372,11 @@ def markdown(result: dict) -> str:
                 f"- {label}: " + target_line("warm micro-batches", run["warm_ratio"] or 0, TARGET_WARM, "×")]
     for label, run in runs:
         a, ing = run["audit"], run["ingest"]
-        out += ["", f"**{label.capitalize()}**: audit **{'exactly once' if a['exactly_once'] else 'VIOLATED'}** "
+        out += ["", f"**{label.capitalize()}**: audit of each ingest run **"
+                f"{'exactly once' if a['exactly_once'] else 'VIOLATED'}** "
                 f"({a['table_rows']:,} rows, {a['kafka_records']:,} Kafka records, {a['seconds']:.0f} s). "
+                "Ingest runs (all micro-batches): "
+                + ", ".join(f"{t:.1f} s" for t in ing.get("tries_seconds", [ing["processing_seconds"]])) + ". "
                 f"Ratio to the 1-process ceiling: {run['ratio_1_process']:.2f}. Start-up before the first "
                 f"micro-batch {ing['startup_seconds']:.1f} s, of which the Python workers' warm-up "
                 f"{ing['warm_up_seconds'] or 0:.1f} s (the rest: JVM, SparkSession, initial offsets). Ceiling runs: "
@@ -483,10 +493,10 @@ def main() -> int:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=500_000)
     parser.add_argument("--min-partitions", type=int, help="ingest read tasks per micro-batch (default: cores)")
-    parser.add_argument("--live-records", type=int, default=200_000,
+    parser.add_argument("--live-records", type=int, default=1_000_000,
                         help="records of the real-time-produced topic, one per record batch (0: skip it)")
     parser.add_argument("--live-partitions", type=int, help="partitions of the real-time topic (default --partitions)")
-    parser.add_argument("--live-max-offsets-per-trigger", type=int, default=100_000)
+    parser.add_argument("--live-max-offsets-per-trigger", type=int, default=500_000)
     parser.add_argument("--spark-writer", action="store_true",
                         help="also ingest with --writer spark (the bronze job before issue 11), for comparison")
     parser.add_argument("--results", type=Path, default=RESULTS,
