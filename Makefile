@@ -11,10 +11,11 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 setup:
 	@bash scripts/setup.sh
 
-# Two workers, whole test files each (module fixtures such as the live platform stay
-# shared): the suite mostly waits on JVM starts and services, so two halve the wall time.
-# One test, serially: .venv/bin/pytest tests/test_x.py::test_y (no -n).
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=2: two pytest-xdist workers, whole test files each (module fixtures such
+# as the live platform stay shared); the suite mostly waits on JVM starts and services, so
+# two cut its wall time by about a third. 0 (the default): one process, the configuration
+# CI has proven. One test: .venv/bin/pytest tests/test_x.py::test_y
+PYTEST_WORKERS ?= 0
 
 test: setup
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile

@@ -3,8 +3,8 @@
 Everything is real: the Tansu broker speaks the Kafka protocol, Spark runs in
 local mode, Delta tables are written to disk by delta-rs. The session gets its
 own STREAMLAKE_HOME and broker port, so a developer's running demo is untouched.
-`make test` runs two sessions side by side (pytest-xdist workers, whole files
-each): each has its own home, broker, SparkSession and Airflow database.
+With pytest-xdist (`PYTEST_WORKERS=2 make test`) each worker is a session of its
+own: its own home, broker, SparkSession and Airflow database.
 """
 
 from __future__ import annotations

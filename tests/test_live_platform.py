@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 
 JOB = "sensors"
 OPERATION_TIMEOUT_S = 420  # generous: the test's own scheduled runs and continuous job share 2 cores with it
+# The run a restore or rescale starts may queue behind a scheduled run (max_active_runs=1),
+# which under load takes minutes of its own: its wait covers both.
+RESUMED_RUN_TIMEOUT_S = 2 * OPERATION_TIMEOUT_S
 
 
 def first_successful_run(rest, dag_id: str, timeout: float) -> dict:
@@ -62,13 +65,13 @@ def test_savepoint_restore_rescale_and_backfills_on_the_running_demo(live_platfo
     restore = operate(rest, "restore", {"savepoint_id": savepoints[0]["id"], "spark_conn_id": "spark_cluster"})
     # The restore started the job from the restored state: its streaming_ingest run
     # catches up and checks every stage.
-    resumed = rest.wait("streaming_ingest", f"restored__{restore['dag_run_id']}", OPERATION_TIMEOUT_S)
+    resumed = rest.wait("streaming_ingest", f"restored__{restore['dag_run_id']}", RESUMED_RUN_TIMEOUT_S)
     assert resumed["state"] == "success", rest.failed_tasks("streaming_ingest", resumed["dag_run_id"])
     rescale = operate(rest, "rescale", {"job": JOB, "spark_conn_id": "spark_cluster", "total_executor_cores": 2,
                                         "executor_cores": 1, "gold_partitions": 3})
     # The rescale started the job on its new resources: that run catches up, proves the
     # rescale lost and duplicated nothing, and records the throughput after.
-    rescaled = rest.wait("streaming_ingest", f"rescaled__{rescale['dag_run_id']}", OPERATION_TIMEOUT_S)
+    rescaled = rest.wait("streaming_ingest", f"rescaled__{rescale['dag_run_id']}", RESUMED_RUN_TIMEOUT_S)
     assert rescaled["state"] == "success", rest.failed_tasks("streaming_ingest", rescaled["dag_run_id"])
     status, operations = rest.call("GET", f"/streamlake/api/operations?job={JOB}")
     assert status == 200 and any(o["operation"] == "rescale-throughput" for o in operations), operations
