@@ -4,7 +4,7 @@ Two topics, each measured against its own ceiling:
 
 * **bulk-produced**: N records of ~B bytes in P partitions, produced in bulk
   (``linger.ms=20``: many records per record batch);
-* **real-time-produced**: a smaller topic written as a live producer writes it,
+* **real-time-produced**: the same number of records written as a live producer writes them,
   one record per record batch (``linger.ms=0``, ``batch.num.messages=1``, as
   fast as the broker takes them, from a background thread). On the embedded
   broker a fetch costs more the more record batches a partition holds.
@@ -21,10 +21,11 @@ For each topic:
    broker serves one reader faster than N (it does on a topic of one-record
    batches, where concurrent fetches slow each other down).
 3. Ingest: ``streamlake ingest --available-now`` (spark-submit, local[*]) into a
-   Delta table, the bronze job as users run it (read tasks write the files).
+   Delta table, the bronze job as users run it (read tasks write the files);
+   twice, like the ceiling, the faster counts (each into a table of its own).
    Processing time is the sum of the micro-batches (first one included); JVM
    start-up and the Python workers' warm-up are reported apart.
-4. Audit the table against Kafka (the benchmark run must itself be exactly once).
+4. Audit every ingest run's table against Kafka (each must itself be exactly once).
 
 Targets (issue 11): whole run >= 0.5x the ceiling, warm micro-batches
 (after the first) >= 0.8x. Writes bench/results/ingest.md, ingest.json and
