@@ -11,18 +11,19 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 setup:
 	@bash scripts/setup.sh
 
-# PYTEST_WORKERS=2: two pytest-xdist workers, whole test files each (module fixtures such
-# as the live platform stay shared); the suite mostly waits on JVM starts and services, so
-# two cut its wall time by about a third. 0 (the default): one process, the configuration
-# CI has proven. One test: .venv/bin/pytest tests/test_x.py::test_y
-PYTEST_WORKERS ?= 0
+# Two pytest-xdist workers, whole test files each (module fixtures such as the live
+# platform stay shared), longest files first (their `minutes` mark): the suite mostly
+# waits on JVM starts and services, so two cut its wall time by about a third.
+# PYTEST_WORKERS=0: one process. One test: .venv/bin/pytest tests/test_x.py::test_y
+PYTEST_WORKERS ?= 2
+PYTEST_DIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/pytest $(PYTEST_DIST)
 
 # Unit tests and quick integration only (skips the spark-submit crash/race scenarios).
 test-fast: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
+	$(BIN)/pytest $(PYTEST_DIST) -m "not slow"
 
 run: setup
 	$(BIN)/streamlake platform

@@ -35,9 +35,10 @@ def free_port() -> int:
 class AirflowREST:
     """A logged-in client of Airflow 3's REST API (``/api/v2``) and the StreamLake plugin."""
 
-    def __init__(self, base_url: str, user: str, password: str):
+    def __init__(self, base_url: str, user: str, password: str, server_log: Path | None = None):
         self.base = base_url.rstrip("/")
         self.user, self.password = user, password
+        self.server_log = server_log  # the API server's output, quoted when it answers 5xx
         self.token = self._token()
 
     def _token(self) -> str:
@@ -54,7 +55,8 @@ class AirflowREST:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
+            # The API server waits up to 60 s for SQLite's write lock (platform/airflow.py).
+            with urllib.request.urlopen(request, timeout=120) as resp:
                 text = resp.read().decode()
                 return resp.status, (json.loads(text) if text and text.lstrip()[:1] in "[{" else text)
         except urllib.error.HTTPError as exc:
@@ -63,7 +65,7 @@ class AirflowREST:
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
         """Trigger a run like the UI's trigger button; returns its run id."""
         status, run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
-        assert status == 200, f"triggering {dag_id} answered {status}: {run}"
+        assert status == 200, f"triggering {dag_id} answered {status}: {run}{self.server_error(run)}"
         return run["dag_run_id"]
 
     def run(self, dag_id: str, run_id: str) -> dict:
@@ -103,18 +105,40 @@ class AirflowREST:
         behaviour"): ``completed`` (all; the hourly schedule may already have run them),
         ``failed`` or ``none``.
 
-        Airflow answers 503 "Database is locked" when it creates a backfill on SQLite
-        (what `make run` uses) while the scheduler writes: a user clicks again, and so
-        does this, a few times (README, known limits)."""
+        On SQLite (what `make run` uses) Airflow may answer 503 "Database is locked" while
+        the scheduler writes, and its clean-up of the half-made backfill is best effort: the
+        next click then answers 409 "already a running backfill" for an orphan. A user
+        cancels that one in the Backfills list and clicks again; so does this, a few times
+        (README, known limits). A 409 without an earlier 503 is a real conflict and fails."""
+        locked = False
         for _attempt in range(6):
             status, body = self.call("POST", "/api/v2/backfills", {
                 "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "reprocess_behavior": reprocess,
                 "max_active_runs": 1})
-            if not (status == 503 and "locked" in str(body)):
+            if status == 503 and "locked" in str(body):
+                locked = True
+            elif status == 409 and locked:
+                for orphan in self._active_backfills(dag_id):
+                    self.call("PUT", f"/api/v2/backfills/{orphan['id']}/cancel")
+            else:
                 break
             time.sleep(10)
-        assert status == 200, f"creating a backfill answered {status}: {body}"
+        assert status == 200, f"creating a backfill answered {status}: {body}{self.server_error(body)}"
         return body
+
+    def server_error(self, body) -> str:
+        """The API server's log lines for an error it answered with 'look for ID …'."""
+        found = re.search(r"look for ID (\w+)", str(body))
+        if not (found and self.server_log and self.server_log.exists()):
+            return ""
+        lines = self.server_log.read_text(errors="replace").splitlines()
+        hits = [i for i, line in enumerate(lines) if found.group(1) in line]
+        return "\n--- API server log ---\n" + "\n".join(lines[hits[0]:hits[0] + 40]) if hits else ""
+
+    def _active_backfills(self, dag_id: str) -> list[dict]:
+        status, body = self.call("GET", f"/api/v2/backfills?dag_id={urllib.request.quote(dag_id)}")
+        assert status == 200, body
+        return [b for b in body["backfills"] if b["completed_at"] is None]
 
 
 def _seconds(run: dict) -> float | None:
@@ -140,7 +164,8 @@ class LivePlatform:
     rest: AirflowREST = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rest = AirflowREST(self.airflow_url, self.user, self.password)
+        self.rest = AirflowREST(self.airflow_url, self.user, self.password,
+                                server_log=self.home / "logs" / "airflow.log")
 
     def streamlake(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([STREAMLAKE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)

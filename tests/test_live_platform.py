@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.minutes(20)]
 
 JOB = "sensors"
 OPERATION_TIMEOUT_S = 420  # generous: the test's own scheduled runs and continuous job share 2 cores with it

@@ -23,6 +23,16 @@ DEFAULT_PORT = 8080
 SPARK_LOCAL_CONN = "spark_default"
 SPARK_CLUSTER_CONN = "spark_cluster"
 
+# SQLite lets one writer at a time; Python's sqlite3 gives up on a lock after 5 s and
+# Airflow then answers a trigger with 500 "Database error" or a backfill with 503
+# "Database is locked". On 2 cores with Spark jobs running, the scheduler's
+# transactions can hold the lock longer than that, so waiters wait up to 60 s
+# (the lock still serialises writers; it only stops giving up early). Airflow imports
+# these through ``[database] sql_alchemy_connect_args(_async)``; one dict each,
+# because Airflow adds keys to the sync one.
+SQLITE_CONNECT_ARGS = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
+
 
 def airflow_home() -> Path:
     path = Path(os.environ.get("AIRFLOW_HOME") or config.home() / "airflow")
@@ -47,6 +57,8 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str,
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
