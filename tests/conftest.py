@@ -258,17 +258,6 @@ def lake(tmp_path):
     return {"table": str(tmp_path / "bronze"), "checkpoint": str(tmp_path / "checkpoint")}
 
 
-def pytest_collection_modifyitems(items):
-    """Longest modules first (their ``minutes`` mark; the rest keep their order). With
-    ``--dist loadfile --no-loadscope-reorder`` xdist hands out files in this order, so the
-    two longest start at once on different workers instead of queueing behind each other."""
-    def minutes(item) -> float:
-        mark = item.get_closest_marker("minutes")
-        return mark.args[0] if mark else 0
-
-    items.sort(key=lambda item: -minutes(item))
-
-
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 

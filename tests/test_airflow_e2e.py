@@ -30,7 +30,7 @@ from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
 from streamlake.pipeline.schemas import GOLD, SILVER
 from streamlake.pipeline.windows import WindowSpec
 
-pytestmark = [pytest.mark.slow, pytest.mark.minutes(18)]
+pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
 
 

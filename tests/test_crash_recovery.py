@@ -18,7 +18,7 @@ import pytest
 from helpers import delta_log_entries, ingest
 from streamlake.delta.table import open_table, snapshot_files, vacuum_table
 
-pytestmark = [pytest.mark.slow, pytest.mark.minutes(4)]
+pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
 
 

@@ -22,7 +22,7 @@ from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
 from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, QUARANTINE, SILVER
 from streamlake.pipeline.windows import WindowSpec
 
-pytestmark = [pytest.mark.slow, pytest.mark.minutes(5)]
+pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
 TABLES = ("bronze", "silver", "quarantine", "gold", "late_events")
 

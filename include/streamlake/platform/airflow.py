@@ -32,6 +32,8 @@ SPARK_CLUSTER_CONN = "spark_cluster"
 # because Airflow adds keys to the sync one.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
+# Settings only SQLite needs (docker-compose.yaml runs PostgreSQL without them).
+SQLITE_ONLY = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC")
 
 
 def airflow_home() -> Path:
