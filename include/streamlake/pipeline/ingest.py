@@ -160,6 +160,8 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     """Start the bronze ingest query. Raises the source's option/Kafka errors up front."""
     register(spark)
     checkpoint = QueryCheckpoint(cfg.checkpoint)
+    for name in checkpoint.discard_interrupted_first_batch():
+        log.warning("removed %s: a write a kill interrupted, before the first batch", name)
     options = cfg.source_options()
     KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
     initial = resolve_initial_offsets(cfg, checkpoint)

@@ -302,6 +302,8 @@ class DeltaFedStage:
         register(spark)
         self.prepare()
         checkpoint = QueryCheckpoint(self.checkpoint)
+        for name in checkpoint.discard_interrupted_first_batch():
+            log.warning("%s: removed %s, a write a kill interrupted before the first batch", self.name, name)
         options = {**self.source_options(), **resume_options(self.outputs(), self.source, self.source_path, checkpoint)}
         reader = spark.readStream.format(FORMAT)
         for key, value in options.items():

@@ -19,9 +19,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
+
+
+# A log entry Spark's checkpoint file manager was still writing: ``.<batch>.<uuid>.tmp``
+# (and Hadoop's checksum of it, ``..<batch>.<uuid>.tmp.crc``) is renamed to ``<batch>``
+# when complete; the rename is the commit.
+_INTERRUPTED_WRITE = re.compile(r"^\.{1,2}\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
 
 
 class CheckpointFormatError(RuntimeError):
@@ -59,6 +66,27 @@ class QueryCheckpoint:
 
     def has_offsets(self) -> bool:
         return bool(self.offset_batches())
+
+    def discard_interrupted_first_batch(self) -> list[str]:
+        """Before a (re)start: remove the temp file of an offset-log entry whose write a
+        kill interrupted, if the log has no entry yet. Returns the names removed.
+
+        Such a file was never part of the log, and Spark ignores it once the log has an
+        entry. Before that, Spark 4.1+ takes the query for a new one and refuses to start
+        it because its ``offsets`` directory is not empty
+        (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``): a job killed while planning its
+        first micro-batch could never restart. Call only while no other process runs
+        this query (the job's lock)."""
+        if self.has_offsets():
+            return []
+        removed = []
+        for log in ("offsets", "commits"):
+            folder = self.path / log
+            for name in (os.listdir(folder) if folder.is_dir() else []):
+                if _INTERRUPTED_WRITE.match(name):
+                    (folder / name).unlink(missing_ok=True)
+                    removed.append(f"{log}/{name}")
+        return removed
 
     def batch_entry(self, batch_id: int) -> tuple[dict, dict]:
         """The source's end offset (parsed JSON) of a planned batch, and the batch metadata
