@@ -63,10 +63,26 @@ class AirflowREST:
             return exc.code, exc.read().decode(errors="replace")
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        """Trigger a run like the UI's trigger button; returns its run id."""
-        status, run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
-        assert status == 200, f"triggering {dag_id} answered {status}: {run}{self.server_error(run)}"
-        return run["dag_run_id"]
+        """Trigger a run like the UI's trigger button; returns its run id.
+
+        On SQLite (`make run`) Airflow may answer 500 "Database error" when two writers
+        collide (README, known limits): a user clicks again, and so does this, up to three
+        times. The run id is chosen here, in Airflow's own form, so a retry after an answer
+        lost on the way cannot create a second run (Airflow answers 409 for it)."""
+        import datetime as dt
+
+        run_id = f"manual__{dt.datetime.now(dt.timezone.utc).isoformat()}"
+        collided = False
+        for _attempt in range(3):
+            status, run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns",
+                                    {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
+            if status == 200 or (status == 409 and collided):
+                return run_id
+            if not (status == 500 and "Database error" in str(run)):
+                break
+            collided = True
+            time.sleep(5)
+        raise AssertionError(f"triggering {dag_id} answered {status}: {run}{self.server_error(run)}")
 
     def run(self, dag_id: str, run_id: str) -> dict:
         status, run = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}")
