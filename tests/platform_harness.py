@@ -157,15 +157,19 @@ class AirflowREST:
         return [b for b in body["backfills"] if b["completed_at"] is None]
 
 
-def _seconds(run: dict) -> float | None:
+def epoch(timestamp: str) -> float:
+    """An ISO timestamp as Airflow and Spark write it (``…Z`` or ``…+00:00``) in seconds since the epoch."""
     import datetime as dt
 
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def _seconds(run: dict) -> float | None:
     start = run.get("queued_at") or run.get("start_date")
     end = run.get("end_date")
     if not start or not end:
         return None
-    parse = lambda v: dt.datetime.fromisoformat(v.replace("Z", "+00:00"))  # noqa: E731
-    return round((parse(end) - parse(start)).total_seconds(), 1)
+    return round(epoch(end) - epoch(start), 1)
 
 
 @dataclass

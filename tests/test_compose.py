@@ -95,5 +95,5 @@ def test_every_variable_is_one_the_project_or_airflow_reads(compose):
     # `make run` and compose configure Airflow with the same settings (but SQLite's).
     compose_env = _env(compose["services"]["airflow-scheduler"])
     missing = [k for k in run_env if k.startswith(("AIRFLOW__", "AIRFLOW_CONN_")) and k not in compose_env
-               and k not in airflow_setup.SQLITE_ONLY]
+               and k not in airflow_setup.SQLITE_SETTINGS]
     assert not missing, f"settings of `make run` missing from compose: {missing}"

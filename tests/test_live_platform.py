@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from platform_harness import epoch
+
 pytestmark = pytest.mark.slow
 
 JOB = "sensors"
@@ -126,7 +128,7 @@ def test_the_continuous_job_keeps_up_with_the_demo_producer_for_five_minutes(liv
     run = rest.wait("streaming_ingest", run_id, OPERATION_TIMEOUT_S)
     assert run["state"] == "success", rest.failed_tasks("streaming_ingest", run_id)
 
-    bronze = [p for p in lines if p.get("stage") == "bronze" and window_start <= _epoch(p["timestamp"]) <= window_end]
+    bronze = [p for p in lines if p.get("stage") == "bronze" and window_start <= epoch(p["timestamp"]) <= window_end]
     assert len(bronze) >= 10, f"too few micro-batches in five minutes: {len(bronze)}"
     steady = bronze[2:]  # the first batches catch up with what queued before the job started
     worst = max(sum(p["lag"].values()) for p in steady)
@@ -134,7 +136,3 @@ def test_the_continuous_job_keeps_up_with_the_demo_producer_for_five_minutes(liv
     assert worst < 2 * per_batch, f"lag {worst} records is not below two micro-batches ({per_batch} records each)"
     print(f"{len(bronze)} bronze micro-batches; median {per_batch} records; worst lag {worst}")
 
-
-def _epoch(timestamp: str) -> float:
-    """A progress line's timestamp (Spark's ``…Z`` ISO form) in seconds since the epoch."""
-    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()

@@ -33,7 +33,10 @@ SPARK_CLUSTER_CONN = "spark_cluster"
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 SQLITE_CONNECT_ARGS_ASYNC = {"timeout": 60}
 # Settings only SQLite needs (docker-compose.yaml runs PostgreSQL without them).
-SQLITE_ONLY = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC")
+SQLITE_SETTINGS = {
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC",
+}
 
 
 def airflow_home() -> Path:
@@ -59,8 +62,7 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str,
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC",
+        **SQLITE_SETTINGS,
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
