@@ -97,10 +97,18 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
+# How a SteadyProducer batches (librdkafka settings on top of its defaults).
+PRODUCER_BATCHING = {"one-record": {"linger.ms": 0, "batch.num.messages": 1}, "client-defaults": {}}
+
+
 @dataclass
 class SteadyProducer:
-    """Writes ``rate`` records/s, one record per record batch (``linger.ms=0``,
-    ``batch.num.messages=1``), as a live producer does, from a background thread.
+    """Writes ``rate`` records/s from a background thread, batched as ``batching`` says:
+
+    - ``"one-record"``: one record per record batch (``linger.ms=0``,
+      ``batch.num.messages=1``), the smallest batches a live producer writes;
+    - ``"client-defaults"``: librdkafka's own batching (``linger.ms`` 5 ms): what a
+      producer application sends unless it is tuned, small batches at this rate.
 
     ``make(seq, now)`` returns (key, value, partition) for record ``seq`` produced at
     wall-clock ``now`` (seconds); the record's Kafka timestamp is librdkafka's
@@ -115,6 +123,7 @@ class SteadyProducer:
     seconds: float
     make: callable
     keep: bool = False
+    batching: str = "one-record"
     sent: int = 0
     delivered: int = 0
     errors: list = field(default_factory=list)
@@ -150,8 +159,9 @@ class SteadyProducer:
     def _run(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1,
-                             "enable.idempotence": True, "acks": "all", "client.id": f"steady-{self.topic}"})
+        config = {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all",
+                  "client.id": f"steady-{self.topic}", **PRODUCER_BATCHING[self.batching]}
+        producer = Producer(config)
         started = time.monotonic()
         total = int(self.rate * self.seconds)
         try:
