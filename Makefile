@@ -17,8 +17,9 @@ setup:
 # configuration CI has proven. One test: .venv/bin/pytest tests/test_x.py::test_y
 PYTEST_WORKERS ?= 0
 
+# --durations: the slowest tests at the end of every run (where make test's time goes).
 test: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 # Unit tests and quick integration only (skips the spark-submit crash/race scenarios).
 test-fast: setup
