@@ -48,7 +48,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    PRODUCER_BATCHING,
     RESULTS,
     SteadyProducer,
     load,
@@ -220,7 +219,7 @@ def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen, log
 
 def run(kind: str, bootstrap: str, args, batching: str) -> dict:
     """One measured run: ``kind`` is "bronze" (streamlake ingest) or "pipeline"; the measured
-    stream's producer batches as ``batching`` says (``PRODUCER_BATCHING``)."""
+    stream's producer batches as ``batching`` says (``common.PRODUCER_BATCHING``)."""
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
     from streamlake.operations.control import JobControl
@@ -286,7 +285,8 @@ def run(kind: str, bootstrap: str, args, batching: str) -> dict:
             poller.stop()
     batches = [json.loads(line) for line in control.progress_file.read_text().splitlines()] \
         if control.progress_file.exists() else []
-    out = {"kind": kind, "batching": batching, "topic": topic, "command": " ".join(cmd[1:]), "startup_seconds": round(startup_s, 1),
+    out = {"kind": kind, "batching": batching, "topic": topic, "command": " ".join(cmd[1:]),
+           "startup_seconds": round(startup_s, 1),
            "drain_seconds_after_producer": round(drain_s, 2), "produced": producer.sent,
            "producer_behind_s": round(producer.behind_s, 3), "load": [load_before, load_after],
            "poll_ms": args.poll_ms, "polls": poller.polls,
