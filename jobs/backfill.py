@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
+from streamlake import logs
 from streamlake.operations.backfills import backfill_job, parse_time
 from streamlake.operations.jobs import load_job
 from streamlake.spark.session import get_spark
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", default="{}", help="JSON recorded with the checks (DAG run ids)")
     parser.add_argument("--result", help="write the summary as JSON to this file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.configure()
     spark = get_spark(f"backfill:{args.job}")
     code = 0
     try:

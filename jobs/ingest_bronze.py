@@ -11,10 +11,10 @@ data loss, offset gap), 1 for anything else.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
+from streamlake import logs
 from streamlake.operations.control import JobControl
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.driver import describe_failure, platform_error
@@ -26,9 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ingest_bronze", description=__doc__.split("\n")[0])
     add_ingest_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.configure()
     try:
         cfg = config_from_args(args)
     except StreamLakeError as exc:

@@ -12,10 +12,10 @@ gap, change commit upstream), 1 for anything else.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
+from streamlake import logs
 from streamlake.errors import StreamLakeError
 from streamlake.operations.control import JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
@@ -27,9 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n")[0])
     add_pipeline_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.configure()
     try:
         cfg = config_from_args(args)
     except StreamLakeError as exc:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
+from streamlake import logs
 from streamlake.operations.jobs import load_job
 from streamlake.operations.verify import verify_job
 from streamlake.spark.session import get_spark
@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-quality", action="store_true", help="checks only, no Great Expectations validation")
     parser.add_argument("--job-running", action="store_true", help="the job runs: check freshness too")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.configure()
     spark = get_spark(f"verify:{args.job}")
     try:
         summary = verify_job(spark, load_job(args.job), args.operation, context=json.loads(args.context),

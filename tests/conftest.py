@@ -265,7 +265,9 @@ def pytest_sessionfinish(session, exitstatus):
 
     for state in procs.running_services():
         procs.stop(state.name)
-    if exitstatus == 0:  # keep logs and tables of a failed run for inspection
+    # Logs, tables and the Airflow database of a failed run are kept for inspection;
+    # STREAMLAKE_TESTS_KEEP=1 keeps them after a passing run too.
+    if exitstatus == 0 and not os.environ.get("STREAMLAKE_TESTS_KEEP"):
         shutil.rmtree(_SESSION_HOME, ignore_errors=True)
     else:
         print(f"\nstreamlake test state kept in {_SESSION_HOME}")

@@ -35,3 +35,13 @@ def delta_log_entries(table: str) -> list[list[dict]]:
     """Actions of every commit file, in version order."""
     log = Path(table) / "_delta_log"
     return [[json.loads(line) for line in f.read_text().splitlines()] for f in sorted(log.glob("*.json"))]
+
+
+def interrupted_checkpoint_write(folder, batch=0):
+    """What a process killed inside Spark's checkpoint write leaves: the entry's temp file
+    and its checksum, never renamed into place (names as found after such a kill)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f".{batch}.0c6c30bc-6f33-4085-8810-f7bab4997059.tmp"
+    (folder / name).write_text("v1\n{}\n{}")
+    (folder / f".{name}.crc").write_bytes(b"crc")
+    return {name, f".{name}.crc"}

@@ -10,6 +10,7 @@ token from ``POST /auth/token``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -69,8 +70,6 @@ class AirflowREST:
         collide (README, known limits): a user clicks again, and so does this, up to three
         times. The run id is chosen here, in Airflow's own form, so a retry after an answer
         lost on the way cannot create a second run (Airflow answers 409 for it)."""
-        import datetime as dt
-
         run_id = f"manual__{dt.datetime.now(dt.timezone.utc).isoformat()}"
         collided = False
         for _attempt in range(3):
@@ -159,8 +158,6 @@ class AirflowREST:
 
 def epoch(timestamp: str) -> float:
     """An ISO timestamp as Airflow and Spark write it (``…Z`` or ``…+00:00``) in seconds since the epoch."""
-    import datetime as dt
-
     return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 

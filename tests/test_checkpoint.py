@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from helpers import interrupted_checkpoint_write
 from streamlake.spark.checkpoint import CheckpointFormatError, QueryCheckpoint
 from streamlake.kafka.offsets import TopicPartition as TP
 
@@ -37,19 +38,9 @@ def test_unexpected_formats_are_refused(tmp_path):
         QueryCheckpoint(tmp_path).batch_end(1)
 
 
-def _interrupted_write(folder, batch=0):
-    """What a process killed inside Spark's checkpoint write leaves: the entry's temp file
-    and its checksum, never renamed into place (names as found after such a kill)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f".{batch}.0c6c30bc-6f33-4085-8810-f7bab4997059.tmp"
-    (folder / name).write_text("v1\n{}\n{}")
-    (folder / f".{name}.crc").write_bytes(b"crc")
-    return {name, f".{name}.crc"}
-
-
 def test_an_interrupted_first_entry_is_discarded_and_nothing_else(tmp_path):
     ck = QueryCheckpoint(tmp_path)
-    planted = _interrupted_write(tmp_path / "offsets")
+    planted = interrupted_checkpoint_write(tmp_path / "offsets")
     (tmp_path / "offsets" / "notes.tmp").write_text("not Spark's")
     assert sorted(ck.discard_interrupted_first_batch()) == sorted(f"offsets/{n}" for n in planted)
     assert {p.name for p in (tmp_path / "offsets").iterdir()} == {"notes.tmp"}
@@ -58,6 +49,6 @@ def test_an_interrupted_first_entry_is_discarded_and_nothing_else(tmp_path):
 
 def test_once_the_log_has_an_entry_spark_ignores_temp_files_and_so_does_this(tmp_path):
     _write_offsets(tmp_path, 0, {"t": {"0": 10}})
-    planted = _interrupted_write(tmp_path / "offsets", batch=1)
+    planted = interrupted_checkpoint_write(tmp_path / "offsets", batch=1)
     assert QueryCheckpoint(tmp_path).discard_interrupted_first_batch() == []
     assert planted <= {p.name for p in (tmp_path / "offsets").iterdir()}

@@ -173,12 +173,12 @@ def test_a_kill_while_a_stage_planned_its_first_batch_does_not_block_the_restart
     temp file (seen in CI: gold's ``offsets/.0.<uuid>.tmp``). Spark 4.2 then refuses to start
     that query (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY); the restart must run every stage
     and lose or double nothing."""
-    from test_checkpoint import _interrupted_write
+    from helpers import interrupted_checkpoint_write
 
     produce(topic_name, 300, seed=41, late_fraction=0.05, duplicate_fraction=0.05, malformed_fraction=0.05)
     cfg = PipelineConfig(root=str(tmp_path / "lake"), topics=(topic_name,), allowed_lateness="5s")
     for stage in ("bronze", "silver", "gold"):
-        _interrupted_write(Path(cfg.checkpoint(stage)) / "offsets")
+        interrupted_checkpoint_write(Path(cfg.checkpoint(stage)) / "offsets")
     summary = run_available_now(spark, cfg)
     assert summary["stages"]["bronze"]["rows"] == 300, summary
     for stage in ("bronze", "silver", "gold"):

@@ -61,8 +61,6 @@ class FixedClock:
         self.now = start
 
     def __call__(self):
-        import datetime as dt
-
         self.now += dt.timedelta(milliseconds=1)
         return self.now
 
@@ -78,8 +76,6 @@ def wave(topic: str, clock: FixedClock, seed: int, **mix) -> None:
 def first_wave_then_second(root: Path, topic: str, crash: str | None = None) -> tuple[int, str]:
     """Wave 1, a clean run (gold gets a watermark), wave 2 with late readings, a second run
     (SIGKILLed at ``crash`` if given). Returns the second run's exit status and output."""
-    import datetime as dt
-
     clock = FixedClock(T0)
     wave(topic, clock, 51)
     code, out = pipeline(root, topic)

@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 
+from streamlake import logs
 from streamlake.errors import StreamLakeError
 
 GROUPS = ("kafka", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "services")
@@ -49,8 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logs.configure(logging.INFO if args.verbose else logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     try:
         code = args.func(args)
     except BrokenPipeError:  # output piped into `head` etc.
