@@ -196,6 +196,7 @@ def test_schema_changes(spark):
     report = validate_dataframe(narrowed, "silver", operation="test", record=False, build_docs=False)
     assert _failing(report) == {"type:bronze_version": "critical"}, report.summary()
     assert report.outcome("type:bronze_version").observed_value == "IntegerType"
+    assert not narrowed.is_cached, "the DataFrame GX persisted is released after the validation"
     # an extra column
     report = validate_dataframe(df.withColumn("surprise", F.lit(1)), "silver", operation="test", record=False,
                                 build_docs=False)

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 EXAMPLES = 5
 _TEXT_LIMIT = 1000
+# Result formats of the two passes of validate_dataframe: counts and observed values only,
+# then, when an expectation failed, up to EXAMPLES unexpected rows with their lineage.
+QUICK_RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": 0,
+                       "return_unexpected_index_query": False}
+EXAMPLES_RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": EXAMPLES}
 
 
 class QualityError(StreamLakeError):
@@ -234,6 +239,27 @@ def validate_dataframe(df, table: str, *, operation: str = "manual", path: str |
     """Run ``table``'s suite on ``df`` (rows already selected) and return the report;
     with ``record``, append the results to ``quality_results``; with ``build_docs``,
     rebuild the Data Docs. Never raises for failing expectations."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    spec = suite_spec(table)
+    run_id = run_id or _new_id("q", now)
+    validation_id = _new_id("qv", now)
+    # GX persists the batch's DataFrame and never releases it: persisted here first, the row
+    # count fills the cache GX's jobs read, and it is released after (unless the caller cached it).
+    cached_by_caller = df.is_cached
+    df = df.persist()
+    try:
+        return _validate_persisted(df, table, spec, operation=operation, path=path, from_version=from_version,
+                                   to_version=to_version, context=context, job_running=job_running,
+                                   max_age_s=max_age_s, run_id=run_id, validation_id=validation_id, now=now,
+                                   record=record, build_docs=build_docs, gx_context=gx_context)
+    finally:
+        if not cached_by_caller:
+            df.unpersist()
+
+
+def _validate_persisted(df, table: str, spec, *, operation: str, path, from_version, to_version, context,
+                        job_running: bool, max_age_s: float, run_id: str, validation_id: str, now: dt.datetime,
+                        record: bool, build_docs: bool, gx_context) -> QualityReport:
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.resource_identifiers import (
@@ -243,10 +269,6 @@ def validate_dataframe(df, table: str, *, operation: str = "manual", path: str |
 
     from streamlake.quality import docs
 
-    now = now or dt.datetime.now(dt.timezone.utc)
-    spec = suite_spec(table)
-    run_id = run_id or _new_id("q", now)
-    validation_id = _new_id("qv", now)
     rows = df.count()
     checks = checks_for(table, job_running=job_running, max_age_s=max_age_s, now=now, has_rows=rows > 0)
     by_key = {c.key: c for c in checks}
@@ -257,11 +279,18 @@ def validate_dataframe(df, table: str, *, operation: str = "manual", path: str |
     definition = gx.ValidationDefinition(name=f"{validation_id}", data=batch_definition, suite=suite)
     definition = ctx.validation_definitions.add(definition)
     gx_run = RunIdentifier(run_name=f"{operation}.{run_id}", run_time=now)
-    result = definition.run(
-        batch_parameters={"dataframe": df}, run_id=gx_run,
-        result_format={"result_format": "SUMMARY", "partial_unexpected_count": EXAMPLES,
-                       "unexpected_index_column_names": [c for c in spec.example_columns if c in df.columns]})
+    # First without examples: on Spark, GX collects a map expectation's unexpected values and
+    # their index columns in two jobs of their own even when it passes (most of a suite's
+    # jobs). Outcomes of passing expectations are the same either way (success, counts,
+    # observed values); only when something failed is the suite run again with examples.
+    result = definition.run(batch_parameters={"dataframe": df}, run_id=gx_run, result_format=QUICK_RESULT_FORMAT)
     outcomes = [_outcome(r, by_key) for r in result.results]
+    if not all(o.success for o in outcomes):
+        result = definition.run(
+            batch_parameters={"dataframe": df}, run_id=gx_run,
+            result_format={**EXAMPLES_RESULT_FORMAT,
+                           "unexpected_index_column_names": [c for c in spec.example_columns if c in df.columns]})
+        outcomes = [_outcome(r, by_key) for r in result.results]
     order = {c.key: i for i, c in enumerate(checks)}
     outcomes.sort(key=lambda o: order.get(o.key, len(order)))
 
