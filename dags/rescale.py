@@ -9,12 +9,12 @@ Steps:
 3. **apply_settings**: the job spec gets the new resources: total executor
    cores (`spark.cores.max`), cores per executor, input splits
    (`minPartitions`: Kafka ranges split across tasks), `maxOffsetsPerTrigger`,
-   the number of partitions of gold's aggregation, and the Spark connection
+   the number of partitions of gold's aggregations, and the Spark connection
    to run on. Every later start of the job uses them.
 4. **record**: the rescale (settings before and after, savepoint, throughput
    before) goes to the `operations` table.
-5. **resume**: the job starts from the savepoint with the new settings: a
-   `streaming_ingest` run with id `rescaled__<this run's id>` (continuous if
+5. **resume**: the job starts from the savepoint with the new settings: a run
+   of its `ingest_<pipeline>` DAG with id `rescaled__<this run's id>` (continuous if
    the job ran continuously, otherwise available-now: every stage catches up
    on what arrived meanwhile). That run's **verify** proves the rescale lost
    and duplicated nothing (bronze against Kafka across the savepoint, every
@@ -26,10 +26,10 @@ Steps:
    it in the UI.
 
 No stage keeps its state in Spark: bronze's is its offsets, silver's its
-position and its own table, gold's the gold table and its watermark (Delta
-`txn`). Spark 4.2 cannot change a stateful checkpoint's state partitions, but
-there is no such state here, so gold's parallelism can change and the results
-stay identical (sums are exact decimals).
+position and its own table, each aggregate's its gold table and watermark
+(Delta `txn`). Spark 4.2 cannot change a stateful checkpoint's state
+partitions, but there is no such state here, so gold's parallelism can change
+and the results stay identical (sums are exact decimals).
 
 Works on `local[*]` and on the standalone cluster (`streamlake spark start`,
 connection `spark_cluster`), e.g. from one worker's cores to two.
@@ -39,8 +39,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.operations.jobs import DEMO_JOB
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_job
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param, resume_job
 
 with DAG(
     dag_id="rescale",
@@ -50,8 +49,9 @@ with DAG(
     **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
     params={
-        "job": Param(DEMO_JOB, type="string", title="Job", description="Name of the job to rescale."),
-        "spark_conn_id": Param("spark_cluster", type="string", title="Spark connection",
+        "job": job_param(description="The pipeline to rescale."),
+        "spark_conn_id": Param("spark_cluster", type="string", enum=["spark_cluster", "spark_default"],
+                               title="Spark connection",
                                description="Master to run on after the rescale: spark_cluster "
                                            "(spark://127.0.0.1:7077) or spark_default (local[*])."),
         "total_executor_cores": Param(2, type=["null", "integer"], minimum=1, title="Total executor cores",
@@ -64,7 +64,7 @@ with DAG(
         "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Max offsets per trigger",
                                          description="Records per micro-batch at most (empty: keep the job's)."),
         "gold_partitions": Param(None, type=["null", "integer"], minimum=1, title="Gold partitions",
-                                 description="Shuffle partitions of gold's windowed aggregation, i.e. its "
+                                 description="Shuffle partitions of gold's windowed aggregations, i.e. their "
                                              "parallelism (empty: keep the job's)."),
     },
 ) as dag:

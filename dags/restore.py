@@ -4,16 +4,17 @@
 Flink's `run -s <savepoint>`. Steps:
 
 1. **restore**: stop the job if it runs; roll every table of the savepoint
-   (bronze, silver, quarantine, gold, late_events) back to its Delta version
+   (bronze, silver, quarantine, each aggregate's gold and late events) back to its Delta version
    *as a new commit* (history is kept) that also resets its `txn` state to the
    savepoint's, atomically: Kafka offsets for bronze, the upstream position
-   for the others, the watermark for gold; put the savepoint's checkpoint
-   copies of every stage in place.
+   for the others, the watermark for each gold table; put the savepoint's
+   checkpoint copies of every stage in place. An aggregate added after the
+   savepoint is moved aside and built again from the restored silver.
 2. **verify_restored**: bronze matches Kafka up to the savepoint (audit clean,
    offsets equal the manifest's), every bronze row is once downstream, gold
    equals a recompute from silver, data quality of the restored rows.
-3. **resume**: the job starts from the savepoint's state: a `streaming_ingest`
-   run with id `restored__<this run's id>` (continuous if the job ran
+3. **resume**: the job starts from the savepoint's state: a run of its
+   `ingest_<pipeline>` DAG with id `restored__<this run's id>` (continuous if the job ran
    continuously before the restore, otherwise available-now on
    `spark_conn_id`). Everything that arrived since the savepoint flows through
    every stage, and that run's **verify** checks every stage and the data
@@ -21,8 +22,9 @@ Flink's `run -s <savepoint>`. Steps:
    Flink's `run -s`, the restore is done when its state is proven and the job
    started; the catch-up is the job's own run, next to it in the UI.
 
-The form lists the existing savepoint ids (newest first); the list is refreshed
-when the DAG is re-parsed. Shell: `streamlake savepoint restore ID`.
+The form restores the newest savepoint of the chosen pipeline unless a savepoint
+id is given (the field suggests the existing ids, newest first; the list is
+refreshed when the DAG is re-parsed). Shell: `streamlake savepoint restore ID`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, resume_job
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param, resume_job
 from streamlake.orchestration.operators import JobVerifyOperator
 
 SAVEPOINTS = savepoint_ids()
@@ -43,10 +45,13 @@ with DAG(
     **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
     params={
-        "savepoint_id": Param(SAVEPOINTS[0] if SAVEPOINTS else "", type="string", title="Savepoint",
-                              **({"enum": SAVEPOINTS} if SAVEPOINTS else {}),
-                              description="Savepoint to restore (`streamlake savepoint list`); newest first."),
-        "spark_conn_id": Param("spark_default", type="string", title="Spark connection",
+        "job": job_param(description="The pipeline to restore (its newest savepoint, unless an id is given)."),
+        "savepoint_id": Param(None, type=["null", "string"], title="Savepoint id",
+                              **({"examples": SAVEPOINTS} if SAVEPOINTS else {}),
+                              description="Savepoint to restore (`streamlake savepoint list`); empty: the newest "
+                                          "savepoint of the pipeline above."),
+        "spark_conn_id": Param("spark_default", type="string", enum=["spark_default", "spark_cluster"],
+                               title="Spark connection",
                                description="Where the resumed job runs: spark_default (local[*]) or spark_cluster."),
     },
 ) as dag:
@@ -56,7 +61,7 @@ with DAG(
         """Stop the job, restore tables (as new commits, offsets reset) and the checkpoint."""
         from streamlake.orchestration.tasks import restore
 
-        return restore(params["savepoint_id"])
+        return restore(params.get("savepoint_id"), params["job"])
 
     restored = restore()
     job = "{{ ti.xcom_pull(task_ids='restore')['job'] }}"

@@ -1,5 +1,5 @@
 """
-### savepoint: the job's complete state at a micro-batch boundary
+### savepoint: a pipeline's complete state at a micro-batch boundary
 
 Flink's *savepoint* / *stop-with-savepoint* for Spark + Delta. The job is
 brought to micro-batch boundaries (a running job pauses every stage between
@@ -7,17 +7,17 @@ batches; an idle one is kept from starting), and a savepoint is written to
 `$STREAMLAKE_HOME/savepoints/<id>/`:
 
 * `manifest.json`: id, time, every table's Delta version (bronze, silver,
-  quarantine, gold, late_events) with the `txn` state a restore resets: the
-  Kafka offsets per partition *as recorded in bronze*, each downstream table's
-  position in its upstream, gold's watermark; the job config and the code
-  version;
+  quarantine, and each aggregate's gold and late events) with the `txn` state a
+  restore resets: the Kafka offsets per partition *as recorded in bronze*, each
+  downstream table's position in its upstream, each gold table's watermark; the
+  job's settings, its pipeline definition and the code version;
 * `checkpoints/`: a copy of every stage's Spark query checkpoint.
 
-The job then resumes (or stops, with `stop=true`), and **verify** audits bronze
-*at the savepoint's version* (its offsets must equal the manifest's), checks
-every bronze row once downstream and gold against a recompute, and validates
-data quality. It runs after the job resumed, against the pinned version, so the
-pause lasts only for the copy.
+The job then resumes (or stops, with *Stop after savepoint*), and **verify**
+audits bronze *at the savepoint's version* (its offsets must equal the
+manifest's), checks every bronze row once downstream and every gold table
+against a recompute, and validates data quality. It runs after the job
+resumed, against the pinned version, so the pause lasts only for the copy.
 
 Use the id with the `restore` DAG or `streamlake savepoint restore ID`. The
 same from the shell: `streamlake savepoint create --job NAME [--stop]`.
@@ -27,22 +27,22 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.operations.jobs import DEMO_JOB
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param
 from streamlake.orchestration.operators import JobVerifyOperator
 
 with DAG(
     dag_id="savepoint",
-    description="Savepoint of a job (Delta versions, Kafka offsets, checkpoint copy), then a consistency check",
+    description="Savepoint of a pipeline (Delta versions, Kafka offsets, checkpoint copy), then a consistency check",
     doc_md=__doc__,
     tags=["streamlake", "operations", "savepoint"],
     **MANUAL_OPERATION_DAG,
     params={
-        "job": Param(DEMO_JOB, type="string", title="Job", description="Name of the job to savepoint."),
+        "job": job_param(description="The pipeline to savepoint."),
         "stop": Param(False, type="boolean", title="Stop after savepoint",
                       description="Stop the job after the savepoint (Flink's stop-with-savepoint) "
                                   "instead of resuming it."),
-        "note": Param("", type="string", title="Note", description="Free text kept in the manifest."),
+        "note": Param(None, type=["null", "string"], title="Note",
+                      description="Optional free text kept in the manifest (shown in the Savepoints view)."),
     },
 ) as dag:
 
@@ -51,7 +51,7 @@ with DAG(
         """Pause at a micro-batch boundary, copy the checkpoint, record versions and offsets."""
         from streamlake.orchestration.tasks import take_savepoint
 
-        return take_savepoint(params["job"], params["stop"], params["note"])
+        return take_savepoint(params["job"], params["stop"], params.get("note") or "")
 
     verify = JobVerifyOperator(
         task_id="verify",

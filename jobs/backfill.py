@@ -1,9 +1,9 @@
 """spark-submit entrypoint: restate gold from pending late events, prove it, record it.
 
-    spark-submit jobs/backfill.py --job sensors [--from 2026-11-22T10:00:00Z --to 2026-11-22T11:00:00Z]
-                                  [--dry-run] [--result result.json]
+    spark-submit jobs/backfill.py --job sensors [--aggregate per_minute]
+                                  [--from 2026-11-22T10:00:00Z --to 2026-11-22T11:00:00Z] [--dry-run] [--result F]
 
-Usually started by ``streamlake backfill`` or the ``backfill_late_data`` DAG; the
+Usually started by ``streamlake backfill`` or a ``backfill_<pipeline>`` DAG; the
 logic is :func:`streamlake.operations.backfills.backfill_job`. Without a range it
 applies every pending late event. Exit status: 0 done (or dry run), 3 the proof
 after the backfill or a critical data-quality expectation failed (recorded),
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="backfill", description=__doc__.split("\n")[0])
     parser.add_argument("--job", required=True, help="the named job whose gold to backfill")
+    parser.add_argument("--aggregate", help="only this aggregate's gold table (default: every aggregate)")
     parser.add_argument("--from", dest="start", help="event time from (ISO-8601, UTC unless it has an offset)")
     parser.add_argument("--to", dest="end", help="event time to, exclusive")
     parser.add_argument("--dry-run", action="store_true", help="list what would be restated, change nothing")
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         summary = backfill_job(spark, load_job(args.job), parse_time(args.start), parse_time(args.end),
-                               dry_run=args.dry_run, run_id=args.run_id, context=json.loads(args.context))
+                               aggregate=args.aggregate, dry_run=args.dry_run, run_id=args.run_id,
+                               context=json.loads(args.context))
     except (ConsistencyError, QualityError) as exc:
         summary, code = {"error": str(exc), "passed": False}, 3
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)

@@ -1,12 +1,13 @@
 """spark-submit entrypoint: the pipeline, Kafka -> bronze -> silver -> gold, exactly once.
 
-    spark-submit --master local[*] jobs/pipeline.py --topic sensors --root /data/sensors \
-        --available-now [--window tumbling:1m --allowed-lateness 30s]
+    spark-submit --master local[*] jobs/pipeline.py --definition pipelines/sensors.yaml \
+        --root /data/sensors --available-now
 
 Usually started by ``streamlake pipeline run``, a named job (``streamlake job
 run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
-a platform error (bad option, unknown topic, data loss, offset or position
-gap, change commit upstream), 1 for anything else.
+a platform error (bad option or definition, a definition change that would make
+existing tables wrong, unknown topic, data loss, offset or position gap, change
+commit upstream), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from streamlake import logs
 from streamlake.errors import StreamLakeError
 from streamlake.operations.control import JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
+from streamlake.pipeline.definition import check_rules
 from streamlake.pipeline.driver import describe_failure, platform_error, run_stages
 from streamlake.spark.session import get_spark
 
@@ -37,7 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(f"pipeline:{cfg.query_name}")
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
-        summary = run_stages(spark, cfg.build_stages(), control, available_now=cfg.available_now,
+        if cfg.definition is not None:
+            check_rules(spark, cfg.definition)
+        stages = cfg.build_stages()
+    except StreamLakeError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        control.write_state(last_failure={"at": time.time(), "message": f"{type(exc).__name__}: {exc}"})
+        spark.stop()
+        return 2
+    try:
+        summary = run_stages(spark, stages, control, available_now=cfg.available_now,
                              report=lambda line: print(line, flush=True), query_name=cfg.query_name)
     except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status
         message = describe_failure(exc)

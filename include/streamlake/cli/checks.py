@@ -1,45 +1,64 @@
-"""``streamlake check``: a consistency check of a job (recorded), or the history of checks.
+"""``streamlake check``: prove a job's tables (recorded), or the history of checks.
 
-Incremental by default: from the newest proof of the job's table, only what the
-Delta log shows changed since is audited (see :mod:`streamlake.operations.consistency`).
-``--full`` audits every row (and proves it); ``--list`` shows past checks,
-``--proofs`` the verified ranges they recorded.
+For a pipeline (a job with a definition) the check is the proof the DAGs run
+after every operation, without the quality validation: bronze against Kafka,
+every bronze row once in silver, quarantine or the dropped duplicates, every
+gold table against a recompute from silver (``jobs/verify.py --no-quality``,
+one spark-submit). ``--kafka-only`` (and every bronze-only job) runs the Kafka
+audit alone, without Spark. Incremental by default: from the newest proof of
+the job's table, only what the Delta log shows changed since is audited (see
+:mod:`streamlake.operations.consistency`). ``--full`` audits every row against
+Kafka; ``--list`` shows past checks, ``--proofs`` the verified ranges they
+recorded.
 """
 
 from __future__ import annotations
 
 import sys
 
-from streamlake.cli.common import print_json
+from streamlake.cli.common import add_job_arguments, print_json, resolve_job
 
 
 def cmd_check(args) -> int:
     from streamlake.operations.consistency import check_consistency, recent_checks
-    from streamlake.operations.jobs import load_job
 
-    if args.list:
-        print_json(recent_checks(args.limit, args.job))
-        return 0
-    if args.proofs:
-        from streamlake.operations.ledger import recent_proofs
+    if args.list or args.proofs:
+        name = resolve_job(args).name if (args.job or args.root) else None
+        if args.list:
+            print_json(recent_checks(args.limit, name))
+        else:
+            from streamlake.operations.ledger import recent_proofs
 
-        print_json(recent_proofs(args.limit, args.job))
+            print_json(recent_proofs(args.limit, name))
         return 0
-    result = check_consistency(load_job(args.job), args.operation, version=args.version, full=args.full)
-    print_json(result.to_dict())
-    print(result.summary, file=sys.stderr)
-    return 0 if result.passed else 3
+    job = resolve_job(args)
+    if job.definition is None or args.kafka_only or args.full or args.version is not None:
+        result = check_consistency(job, args.operation, version=args.version, full=args.full)
+        print_json(result.to_dict())
+        print(result.summary, file=sys.stderr)
+        if not result.passed:
+            return 3
+        if job.definition is None or args.kafka_only:
+            return 0
+    from streamlake.cli.ingest import run_job_foreground
+    from streamlake.spark.session import spark_submit_command
+
+    cmd = spark_submit_command("verify.py", ["--job", job.name, "--operation", args.operation, "--no-quality"],
+                               master=args.master or job.master or "local[*]", name=f"check:{job.name}")
+    return run_job_foreground(cmd, job.control)
 
 
 def add_parsers(sub) -> None:
-    c = sub.add_parser("check", help="consistency check of a job's table (recorded; incremental unless --full), "
-                                     "or --list past checks")
-    c.add_argument("--job", default="bronze_sensors")
-    c.add_argument("--operation", default="manual")
+    c = sub.add_parser("check", help="prove a job's tables: bronze against Kafka, every row once downstream, gold "
+                                     "against a recompute (recorded); or --list past checks")
+    add_job_arguments(c, required=False)
+    c.add_argument("--operation", default="manual", help="operation name recorded with the checks")
+    c.add_argument("--kafka-only", action="store_true", help="only bronze against Kafka (no Spark)")
     c.add_argument("--full", action="store_true",
-                   help="audit every row against Kafka (default: only what changed since the last proof)")
-    c.add_argument("--version", type=int, help="check this Delta version (default latest)")
+                   help="audit every bronze row against Kafka (default: only what changed since the last proof)")
+    c.add_argument("--version", type=int, help="check bronze at this Delta version (default latest)")
     c.add_argument("--list", action="store_true", help="past checks, newest first")
     c.add_argument("--proofs", action="store_true", help="verified ranges recorded by passing checks, newest first")
     c.add_argument("--limit", type=int, default=20)
+    c.add_argument("--master", help="Spark master for the pipeline checks (default: the job's)")
     c.set_defaults(func=cmd_check)

@@ -20,3 +20,33 @@ def kafka_options(items) -> dict[str, str]:
             raise StreamLakeError(f"--kafka-option expects KEY=VALUE, got {item!r}")
         out[key.removeprefix("kafka.")] = value
     return out
+
+
+def add_job_arguments(parser, *, required: bool = True) -> None:
+    """``--job NAME`` or ``--root DIR [--definition FILE]``: the job a command works on."""
+    where = parser.add_mutually_exclusive_group(required=required)
+    where.add_argument("--job", help="a named job (`streamlake job list`; every definition in pipelines/ is one)")
+    where.add_argument("--root", help="the root directory of a pipeline (`streamlake pipeline run --root DIR`)")
+    parser.add_argument("--definition", metavar="FILE",
+                        help="with --root: the pipeline's definition (the root's own is used when it has one)")
+
+
+def resolve_job(args):
+    """The job named by ``--job``, or rooted at ``--root`` (see
+    :func:`streamlake.operations.jobs.job_for_root`), recorded so jobs started from here
+    find it by name. Raises KeyError for an unknown job or a root nothing ran under, and
+    InvalidOptionError when ``--definition`` names another pipeline than the root's."""
+    from streamlake.operations.jobs import job_for_root, jobs_dir, load_job, save_job
+
+    if getattr(args, "job", None):
+        return load_job(args.job)
+    job = job_for_root(args.root, definition_file=getattr(args, "definition", None))
+    if getattr(args, "definition", None) and job.definition is not None:
+        from streamlake.pipeline.definition import load_definition
+
+        wanted = load_definition(args.definition).name
+        if wanted != job.definition.name:
+            raise StreamLakeError(f"{job.root} holds pipeline {job.definition.name}, not {wanted}")
+    if not (jobs_dir() / f"{job.name}.json").exists():
+        save_job(job)
+    return job

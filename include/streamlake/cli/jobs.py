@@ -6,32 +6,43 @@ from streamlake.cli.common import print_json
 
 
 def cmd_job(args) -> int:
-    from dataclasses import replace
+    from pathlib import Path
 
-    from streamlake.operations.jobs import JobSpec, list_jobs, load_job, save_job
+    from streamlake.errors import InvalidOptionError
+    from streamlake.operations.jobs import list_jobs, load_job, save_job
 
     if args.action == "list":
         print_json(list_jobs())
     elif args.action == "show":
         print_json(load_job(args.name).to_dict())
     elif args.action == "define":
-        from streamlake import config
+        from streamlake.operations.jobs import job_for_root, with_settings
 
+        if args.definition:
+            from streamlake.pipeline.definition import load_definition
+
+            load_definition(args.definition)  # a wrong definition: the key and the problem, nothing recorded
         try:
             spec = load_job(args.name)
+            if args.root and Path(args.root).absolute() != Path(spec.root):
+                raise InvalidOptionError(f"job {args.name} is rooted at {spec.root}; a job keeps its root (define "
+                                         "another job for another root)")
         except KeyError:
-            spec = JobSpec(name=args.name, topics=[args.topic or args.name],
-                           root=args.root or str(config.home() / "data" / args.name))
-        changes = {k: v for k, v in {
-            "topics": [t for t in (args.topic or "").split(",") if t] or None, "root": args.root,
+            from streamlake import config
+
+            root = args.root or str(config.home() / "data" / args.name)
+            spec = job_for_root(root, definition_file=args.definition, name=args.name,
+                                topics=[t for t in (args.topic or "").split(",") if t] or None)
+        changes = {
+            "definition_file": str(Path(args.definition).absolute()) if args.definition else None,
+            "topics": [t for t in (args.topic or "").split(",") if t] or None,
             "stages": [s for s in (args.stages or "").split(",") if s] or None,
             "max_offsets_per_trigger": args.max_offsets_per_trigger, "min_partitions": args.min_partitions,
-            "processing_time_s": args.processing_time, "window": args.window,
-            "allowed_lateness": args.allowed_lateness, "dedup_horizon": args.dedup_horizon,
-            "gold_partitions": args.gold_partitions, "master": args.master, "spark_conn_id": args.spark_conn_id,
+            "processing_time_s": args.processing_time, "gold_partitions": args.gold_partitions,
+            "master": args.master, "spark_conn_id": args.spark_conn_id,
             "total_executor_cores": args.total_executor_cores, "executor_cores": args.executor_cores,
-        }.items() if v is not None}
-        print_json(save_job(replace(spec, **changes)).to_dict())
+        }
+        print_json(save_job(with_settings(spec, **changes)).to_dict())
     elif args.action == "status":
         job = load_job(args.name)
         print_json({"job": job.name, "running": job.control.is_running(), **job.control.read_state()})
@@ -51,7 +62,7 @@ def cmd_job(args) -> int:
         strategy = RestartStrategy(args.restart_strategy, attempts=args.restart_attempts,
                                    delay_s=args.restart_delay, max_failures=args.max_failures,
                                    interval_s=args.failure_interval)
-        result = run_supervised(job, strategy, submit_with_subprocess(job, args.master or job.master))
+        result = run_supervised(job, strategy, submit_with_subprocess(job, args.master or job.master or "local[*]"))
         print_json(result.__dict__)
     return 0
 
@@ -59,18 +70,17 @@ def cmd_job(args) -> int:
 def add_parsers(sub) -> None:
     from streamlake.operations.jobs import DEMO_JOB
 
-    j = sub.add_parser("job", help="named jobs: list, show, define, status, run (supervised), stop")
+    j = sub.add_parser("job", help="named jobs: list, show, define (--definition FILE), status, run (supervised), "
+                                   "stop")
     j.add_argument("action", choices=["list", "show", "define", "status", "run", "stop"])
     j.add_argument("name", nargs="?", default=DEMO_JOB)
-    j.add_argument("--topic", help="define: topic(s), comma-separated")
+    j.add_argument("--definition", metavar="FILE", help="define: the pipeline definition (YAML) the job runs")
+    j.add_argument("--topic", help="define, bronze-only jobs (no definition): topic(s), comma-separated")
     j.add_argument("--root", help="define: directory of the job's tables and checkpoints")
     j.add_argument("--stages", help="define: bronze | bronze,silver | bronze,silver,gold")
     j.add_argument("--max-offsets-per-trigger", type=int)
     j.add_argument("--min-partitions", type=int)
     j.add_argument("--processing-time", type=float, help="define: trigger interval when continuous")
-    j.add_argument("--window", help="define: tumbling:1m | sliding:5m,1m | session:30s")
-    j.add_argument("--allowed-lateness", help="define: e.g. 30s")
-    j.add_argument("--dedup-horizon", help="define: e.g. 24h")
     j.add_argument("--gold-partitions", type=int, help="define: parallelism of gold's aggregation")
     j.add_argument("--master", help="Spark master for `run` (default: the job's)")
     j.add_argument("--spark-conn-id", help="define: Airflow connection of the Spark master")

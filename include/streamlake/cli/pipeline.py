@@ -1,29 +1,104 @@
-"""``streamlake pipeline run``: bronze -> silver -> gold on a topic, under one root directory."""
+"""``streamlake pipeline``: check a definition, run a pipeline under one root directory.
+
+    streamlake pipeline validate FILE
+    streamlake pipeline run --definition FILE --root DIR [--available-now | --processing-time S]
+                            [--max-offsets-per-trigger N] [--kafka-option K=V]... [--name NAME]
+
+``validate`` exits 0 with a one-screen summary of what the definition makes
+(tables, quarantine reasons, aggregates), or 2 with a message naming the key
+that is wrong; it creates nothing. ``run`` checks the definition (and that it
+may replace the one the root's tables were built with, see
+:mod:`streamlake.pipeline.evolution`) before anything is created, records the
+job (its name in the root, its settings as given) and runs its stages with
+spark-submit.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from streamlake.cli.ingest import run_job_foreground
 
 
-def cmd_pipeline(args) -> int:
+def validate_definition(path: str, spark=None):
+    """Load and check a definition file completely: structure, types, durations, the
+    ``datagen`` hints and (with Spark) that every rule is a boolean SQL expression over the
+    fields. Uses ``spark`` or the active session, else starts a small local one (only when
+    the definition has rules). Raises DefinitionError naming the key."""
+    from streamlake.kafka.events import check_datagen
+    from streamlake.pipeline.definition import DefinitionError, check_rules, load_definition
+
+    definition = load_definition(path)
+    try:
+        check_datagen(definition)
+    except ValueError as exc:
+        raise DefinitionError("datagen", str(exc), definition.source) from None
+    if definition.rules:
+        from pyspark.sql import SparkSession
+
+        session = spark or SparkSession.getActiveSession()
+        if session is not None:
+            check_rules(session, definition)
+        else:
+            from streamlake.spark.session import get_spark
+
+            session = get_spark("streamlake-validate", master="local[1]",
+                                conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"})
+            try:
+                check_rules(session, definition)
+            finally:
+                session.stop()
+    return definition
+
+
+def cmd_validate(args) -> int:
+    definition = validate_definition(args.file)
+    print(definition.summary())
+    return 0
+
+
+def cmd_run(args) -> int:
     from streamlake.operations.control import JobControl
+    from streamlake.operations.jobs import job_for_root, save_job, with_settings
     from streamlake.pipeline.config import config_from_args, config_to_args
+    from streamlake.pipeline.evolution import applied_definition, plan_change
     from streamlake.spark.session import spark_submit_command
 
     cfg = config_from_args(args)
-    print(f"pipeline: {cfg.describe()}", file=sys.stderr)
-    cmd = spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master, name=f"pipeline:{cfg.query_name}")
+    if cfg.definition is not None:
+        changes = plan_change(applied_definition(cfg.root), cfg.definition)  # refused: nothing created
+        job = job_for_root(cfg.root, definition_file=args.definition, name=args.name)
+        job = replace(job, definition_file=cfg.definition.source)
+        for change in changes:
+            print(f"definition: {change}", file=sys.stderr)
+    elif cfg.topics:
+        job = job_for_root(cfg.root, topics=list(cfg.topics), name=args.name)
+        job = replace(job, topics=list(cfg.topics))
+    else:
+        job = None  # a topic pattern without a definition: a run, not a recorded job
+    if job is not None:
+        job = save_job(with_settings(
+            job, stages=list(cfg.stages) if args.stages else None, max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+            min_partitions=cfg.min_partitions, processing_time_s=cfg.processing_time_s,
+            gold_partitions=cfg.gold_partitions, master=args.master, kafka=cfg.kafka or None))
+        cfg = replace(cfg, query_name=args.query_name or job.name)
+    print(f"pipeline: {cfg.describe()}" + (f" (job {job.name})" if job else ""), file=sys.stderr)
+    cmd = spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master or "local[*]",
+                               name=f"pipeline:{cfg.query_name}")
     return run_job_foreground(cmd, JobControl(cfg.control_dir))
 
 
 def add_parsers(sub) -> None:
     from streamlake.pipeline.config import add_pipeline_arguments
 
-    p = sub.add_parser("pipeline", help="the pipeline: Kafka -> bronze -> silver -> gold")
+    p = sub.add_parser("pipeline", help="pipelines from definitions: validate a definition file, run a pipeline")
     actions = p.add_subparsers(dest="pipeline_action", required=True)
+    validate = actions.add_parser("validate", help="check a definition file; print what it makes (exit 2 if wrong)")
+    validate.add_argument("file", help="the definition (YAML), e.g. pipelines/orders.yaml")
+    validate.set_defaults(func=cmd_validate)
     run = actions.add_parser("run", help="run bronze -> silver -> gold (spark-submit); tables under --root")
     add_pipeline_arguments(run)
-    run.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
-    run.set_defaults(func=cmd_pipeline)
+    run.add_argument("--name", help="the job's name (default: the definition's; another root's name gets a suffix)")
+    run.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    run.set_defaults(func=cmd_run)

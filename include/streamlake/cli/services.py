@@ -9,6 +9,7 @@ from pathlib import Path
 
 from streamlake import config
 from streamlake.cli.common import print_json
+from streamlake.operations.jobs import DEMO_JOB as DEMO_PIPELINE
 from streamlake.platform import procs
 
 
@@ -41,13 +42,17 @@ def cmd_airflow(args) -> int:
     return 0
 
 
-def _start_broker_and_producer(args) -> None:
-    """The embedded broker and a background demo producer (both idempotent). The producer
-    writes the demo's realistic mix: some readings out of order, late, duplicated, malformed."""
-    from streamlake.platform import broker
-    from streamlake.spark.session import job_environment
+def producer_service(pipeline: str) -> str:
+    return f"producer-{pipeline}"
 
+
+def _start_broker_and_producers(args, pipelines: dict) -> None:
+    """The embedded broker and a background demo producer per pipeline definition (all
+    idempotent). Each producer writes its definition's records with the demo's realistic
+    mix: some out of order, late, duplicated, malformed (every quarantine reason)."""
+    from streamlake.platform import broker
     from streamlake.platform.broker_state import archive_for_new_broker
+    from streamlake.spark.session import job_environment
 
     state = broker.start(args.kafka_port)
     print(f"Kafka (embedded):  {state['bootstrap']}")
@@ -57,44 +62,50 @@ def _start_broker_and_producer(args) -> None:
             print(f"                   a new broker starts with empty topics (it keeps them in memory): the "
                   f"tables, savepoints and proofs written from the previous broker's topics moved to {archived}; "
                   f"the demo starts over")
-    if procs.status("producer") is None:
-        env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
-        procs.start("producer", [str(Path(sys.executable).parent / "streamlake"), "produce", "--topic", args.topic,
-                                 "--count", "0", "--partitions", "3", "--rate", str(args.rate), "--quiet",
-                                 "--late-fraction", str(args.late_fraction),
-                                 "--out-of-order-seconds", str(args.out_of_order_seconds),
-                                 "--malformed-fraction", str(args.malformed_fraction),
-                                 "--duplicate-fraction", str(args.duplicate_fraction)], env=env)
-    print(f"Demo producer:     {args.rate:g} sensor readings/s into topic {args.topic!r}: "
-          f"{args.late_fraction:.0%} late, {args.malformed_fraction:.0%} malformed, "
-          f"{args.duplicate_fraction:.0%} duplicated, out of order by up to {args.out_of_order_seconds:g} s "
-          f"(log: {config.log_dir() / 'producer.log'})")
+    env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
+    for name, path in pipelines.items():
+        rate = args.rate if name == DEMO_PIPELINE else args.other_rate
+        if procs.status(producer_service(name)) is None:
+            procs.start(producer_service(name), [
+                str(Path(sys.executable).parent / "streamlake"), "produce", "--definition", str(path),
+                "--count", "0", "--partitions", "3", "--rate", str(rate), "--quiet",
+                "--late-fraction", str(args.late_fraction), "--out-of-order-seconds", str(args.out_of_order_seconds),
+                "--malformed-fraction", str(args.malformed_fraction),
+                "--duplicate-fraction", str(args.duplicate_fraction)], env=env)
+        print(f"Demo producer:     {rate:g} records/s of pipeline {name!r} ({path.name}): "
+              f"{args.late_fraction:.0%} late, {args.malformed_fraction:.0%} malformed, "
+              f"{args.duplicate_fraction:.0%} duplicated, out of order by up to {args.out_of_order_seconds:g} s "
+              f"(log: {config.log_dir() / (producer_service(name) + '.log')})")
 
 
 def cmd_platform(args) -> int:
-    """`make run`: broker, demo producer, Spark cluster, Airflow standalone with the DAGs."""
+    """`make run`: broker, a demo producer per pipeline, Spark cluster, Airflow standalone with the DAGs."""
+    from streamlake.operations.jobs import default_job, definition_files, jobs_dir, save_job
     from streamlake.platform import airflow as airflow_setup
 
-    _start_broker_and_producer(args)
+    pipelines = definition_files()
+    _start_broker_and_producers(args, pipelines)
     if not args.no_spark_cluster:
-        from streamlake.operations.jobs import DEMO_JOB, demo_job, jobs_dir, save_job
+        from dataclasses import replace
+
         from streamlake.platform import spark_cluster
 
         cluster = spark_cluster.start(workers=2, cores_per_worker=1, port=args.spark_port, ui_port=args.spark_ui_port)
         print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers, UI {cluster['ui']})")
-        if not (jobs_dir() / f"{DEMO_JOB}.json").exists():  # the demo job starts on one core of it
-            from dataclasses import replace
-
-            save_job(replace(demo_job(), spark_conn_id="spark_cluster", master=cluster["master"],
-                             total_executor_cores=1, executor_cores=1))
+        for name, path in pipelines.items():
+            if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
+                save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
+                                 total_executor_cores=1, executor_cores=1))
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
     info = airflow_setup.start(args.port, cluster_port=args.spark_port)
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
-    print("DAGs:              streaming_ingest (the demo pipeline, every few minutes), backfill_late_data, "
+    names = ", ".join(pipelines) or "none (add a definition to pipelines/)"
+    print(f"Pipelines:         {names} (pipelines/*.yaml; `streamlake pipeline validate FILE` shows one)")
+    print("DAGs:              ingest_<pipeline> (every few minutes), backfill_<pipeline> (hourly and by hand), "
           "savepoint, restore, rescale")
-    print("StreamLake menu:   late events, data quality, savepoints, consistency checks, operations")
+    print("StreamLake menu:   pipelines, late events, data quality, savepoints, consistency checks, operations")
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0
@@ -104,15 +115,18 @@ def cmd_demo(args) -> int:
     """The demo pipeline running continuously without Airflow, with its progress on the terminal."""
     from dataclasses import replace
 
-    from streamlake.operations.jobs import DEMO_JOB, load_job
+    from streamlake.operations.jobs import definition_files, load_job
     from streamlake.pipeline.config import config_to_args
     from streamlake.pipeline.driver import format_line, read_progress
     from streamlake.spark.session import job_environment, spark_submit_command
 
-    _start_broker_and_producer(args)
-    job = load_job(DEMO_JOB)
-    cfg = replace(job.pipeline_config(continuous=True), topics=(args.topic,),
-                  processing_time_s=args.trigger_seconds, max_offsets_per_trigger=args.max_offsets)
+    pipelines = definition_files()
+    if DEMO_PIPELINE not in pipelines:
+        raise FileNotFoundError(f"no definition of the demo pipeline {DEMO_PIPELINE!r} in the pipelines directory")
+    _start_broker_and_producers(args, {DEMO_PIPELINE: pipelines[DEMO_PIPELINE]})
+    job = load_job(DEMO_PIPELINE)
+    cfg = replace(job.pipeline_config(continuous=True), processing_time_s=args.trigger_seconds,
+                  max_offsets_per_trigger=args.max_offsets)
     env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
     if procs.status("pipeline") is None:
         job.control.progress_file.unlink(missing_ok=True)
@@ -146,7 +160,7 @@ def cmd_demo(args) -> int:
         procs.wait_for(lambda: procs.status("pipeline") is None, timeout=60, what="the pipeline to stop")
     except TimeoutError:
         procs.stop("pipeline")
-    procs.stop("producer")
+    procs.stop(producer_service(DEMO_PIPELINE))
     print("stopped; the broker keeps running (`make stop` stops it)")
     return 0
 
@@ -160,7 +174,7 @@ def cmd_stop(args) -> int:
         return 0
     # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
     def rank(name: str) -> int:
-        return {"airflow": 0, "pipeline": 1, "producer": 1, "spark-master": 3, "kafka": 4}.get(
+        return {"airflow": 0, "pipeline": 1, "spark-master": 3, "kafka": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
     for state in sorted(running, key=lambda s: rank(s.name)):
@@ -208,12 +222,15 @@ def add_parsers(sub) -> None:
 
 
 def _demo_data_arguments(parser, rate: float) -> None:
-    """The demo topic and producer: rate and how much of the data arrives late, broken or twice."""
-    parser.add_argument("--topic", default="sensors")
+    """The demo producers: rates and how much of the data arrives late, broken or twice."""
     parser.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
-    parser.add_argument("--rate", type=float, default=rate, help="produced records per second")
-    parser.add_argument("--late-fraction", type=float, default=0.02, help="readings 2-15 minutes late")
+    parser.add_argument("--rate", type=float, default=rate,
+                        help=f"records per second of the demo pipeline ({DEMO_PIPELINE})")
+    parser.add_argument("--other-rate", type=float, default=20.0,
+                        help="records per second of every other pipeline in pipelines/")
+    parser.add_argument("--late-fraction", type=float, default=0.02,
+                        help="records behind every aggregate's window and allowed lateness")
     parser.add_argument("--out-of-order-seconds", type=float, default=10.0,
-                        help="on-time readings out of order by up to this many seconds")
+                        help="on-time records out of order by up to this many seconds")
     parser.add_argument("--malformed-fraction", type=float, default=0.01, help="records the pipeline quarantines")
-    parser.add_argument("--duplicate-fraction", type=float, default=0.01, help="readings sent twice")
+    parser.add_argument("--duplicate-fraction", type=float, default=0.01, help="records sent twice")

@@ -73,6 +73,53 @@ def ensure_table(path: str | os.PathLike, spec: TableSpec) -> DeltaTable:
     return table
 
 
+def evolve_table(path: str | os.PathLike, spec: TableSpec) -> tuple[DeltaTable, TableSpec]:
+    """Open or create the table at ``path`` for ``spec``, adding the columns ``spec`` has
+    and the table lacks (nullable, at the end: a field added to a definition). Returns the
+    table and ``spec`` with its columns in the table's order (what files and commits must use).
+
+    Raises ValueError if the table has a column ``spec`` lacks, or one of another type:
+    those changes would make existing rows wrong (a definition change refuses them first).
+    """
+    from deltalake.schema import Field
+
+    path = str(path)
+    if not table_exists(path):
+        return ensure_table(path, spec), spec
+    table = DeltaTable(path)
+    existing = pa.schema(table.schema().to_arrow())
+    wanted = {f.name: f for f in spec.schema}
+    for f in existing:
+        if f.name not in wanted:
+            raise ValueError(f"table at {path} has column {f.name!r}, which {spec.name} no longer declares")
+        if not _same_type(f.type, wanted[f.name].type):
+            raise ValueError(f"table at {path} has {f.name} as {f.type}; {spec.name} declares {wanted[f.name].type}")
+    new = [f for f in spec.schema if f.name not in existing.names]
+    if new:
+        try:
+            table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
+        except CommitFailedError:
+            pass  # a concurrent writer added them first
+        table = DeltaTable(path)
+    order = pa.schema(table.schema().to_arrow()).names
+    schema = pa.schema([wanted[name] for name in order])
+    return table, TableSpec(spec.name, schema, spec.partition_by, spec.description, spec.configuration)
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """The same Delta type (delta-rs reads strings back as string_view, names list items
+    ``element``, ...: Arrow's spelling differs, Delta's does not)."""
+    from deltalake.schema import Field
+
+    def delta(t):
+        return Field.from_arrow(pa.field("c", t)).type
+
+    try:
+        return delta(a) == delta(b)
+    except Exception:  # noqa: BLE001 - a type delta-rs cannot map: compare as Arrow
+        return a == b
+
+
 def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTable:
     """The table's latest snapshot, or ``version``. Raises FileNotFoundError if absent."""
     try:

@@ -173,7 +173,7 @@ def audit_job(job: JobSpec, *, version: int | None = None, full: bool = False
               ) -> tuple[AuditReport, ledger.Proof | None]:
     """The audit behind a check: (report, the proof it started from or used for
     ranges Kafka no longer holds). Records nothing."""
-    topics = sorted(set(job.topics))
+    topics = sorted(set(job.source_topics))
     conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
     table = open_table(job.table, version)
     at = table.version()
@@ -363,7 +363,7 @@ def _record_proof(result: CheckResult, job: JobSpec) -> None:
               for p in result.report.partitions if p.first_offset is not None and p.next_offset is not None}
     ledger.record_proof(ledger.Proof(
         result.check_id, job.name, str(job.table), table.metadata().id, result.report.delta_version,
-        dt.datetime.now(dt.timezone.utc), tuple(sorted(set(job.topics))), ranges, result.mode,
+        dt.datetime.now(dt.timezone.utc), tuple(sorted(set(job.source_topics))), ranges, result.mode,
         result.proof_version))
 
 
@@ -396,7 +396,7 @@ def _record(result: CheckResult, job: JobSpec, expected: Offsets | None, context
     append_row(RESULTS, {
         "check_id": result.check_id, "operation": result.operation,
         "checked_at": dt.datetime.now(dt.timezone.utc), "job": job.name, "table_path": job.table,
-        "topics": json.dumps(job.topics), "delta_version": result.report.delta_version,
+        "topics": json.dumps(job.source_topics), "delta_version": result.report.delta_version,
         **{k: t[k] for k in ("kafka_records", "table_rows", "missing", "duplicated", "extra", "mismatched")},
         "offsets_expected": json.dumps(offsets_to_json(expected)) if expected is not None else None,
         "offsets_match": result.offsets_match, "verdict": "PASS" if result.passed else "FAIL",
@@ -424,7 +424,7 @@ def record_pipeline_check(job: JobSpec, operation: str, kind: str, passed: bool,
     append_row(RESULTS, {
         "check_id": check_id, "operation": operation, "checked_at": dt.datetime.now(dt.timezone.utc),
         "job": job.name, "table_path": table_path or job.table_path("gold" if kind == "gold" else "silver"),
-        "topics": json.dumps(job.topics), "verdict": "PASS" if passed else "FAIL",
+        "topics": json.dumps(job.source_topics), "verdict": "PASS" if passed else "FAIL",
         "summary": f"[{operation}] job {job.name}: {summary}",
         "context": json.dumps({**dict(context or {}), "details": dict(details)}, default=str), "kind": kind,
         **columns,

@@ -1,69 +1,141 @@
-"""Named jobs: what a DAG, a savepoint, a rescale or a backfill refers to by name.
+"""Jobs: what a DAG, a savepoint, a rescale, a check or a backfill refers to by name.
 
-A job is a pipeline (Kafka topics -> bronze -> silver -> gold, or only its
-first stages) under one root directory, plus the Spark resources it runs
-with. Specs are JSON files in ``$STREAMLAKE_HOME/jobs/``; the demo job
-``sensors`` is defined on first use. Rescaling rewrites the spec, so every
-later start (scheduled, supervised, restored) uses the new settings.
+A job is a pipeline definition (:mod:`streamlake.pipeline.definition`: topics,
+fields, rules, aggregates) run under one root directory, plus the Spark
+resources it runs with; a job without a definition only ingests bronze. Every
+definition in the pipelines directory (``pipelines/``, or
+``$STREAMLAKE_PIPELINES``) is a job of the same name, rooted at
+``$STREAMLAKE_HOME/data/<name>`` unless defined otherwise
+(``streamlake job define NAME --definition FILE --root DIR``).
+
+**Identity.** A job's name is unique in ``$STREAMLAKE_HOME``; its spec is
+``$STREAMLAKE_HOME/jobs/<name>.json``. The root knows its job: the first
+command that reaches a root (``pipeline run``, ``job define``) writes the
+name into the root's control directory (``_control/job.json``), and every later
+command given that root (``backfill --root``, ``check --root``, ...) finds the
+job there, whichever command came first. Two roots are two jobs: a root whose
+wanted name (the definition's) is taken by another root gets the name plus a
+short hash of its absolute path. Settings are recorded as given: an option not
+given is not recorded (None means the platform default).
+
+**The definition** a job's tables were built with (the *applied* definition)
+is kept in the root (``_control/definition.json``, :mod:`streamlake.pipeline.evolution`);
+checks, backfills and savepoints use it. Runs read the definition file
+(``definition_file``) and apply its changes where they are compatible.
 
 Layout under ``root`` (:class:`JobSpec` derives every path from it):
-``bronze/``, ``silver/``, ``quarantine/``, ``gold/``, ``late_events/`` (Delta
-tables), ``_checkpoints/<stage>/`` (Spark checkpoints), ``_control/`` (lock,
-stop/pause requests, state, progress). Cheap to import (DAG files do).
+``bronze/``, ``silver/``, ``quarantine/``, ``gold/<aggregate>/``,
+``late_events/<aggregate>/`` (Delta tables), ``_checkpoints/<stage>/`` (Spark
+checkpoints; gold stages are ``gold/<aggregate>``), ``_control/`` (identity,
+applied definition, lock, stop/pause requests, state, progress). Cheap to
+import (DAG files do).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from streamlake import config
 from streamlake.errors import InvalidOptionError
 
+log = logging.getLogger(__name__)
+
 DEMO_JOB = "sensors"
 STAGES = ("bronze", "silver", "gold")
-STAGE_TABLES = {"bronze": ("bronze",), "silver": ("silver", "quarantine"), "gold": ("gold", "late_events")}
+# Available-now runs of scheduled jobs read at most this many Kafka records per micro-batch.
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 50_000
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+IDENTITY_FILE = "job.json"
+# Fields of job specs written before pipelines had definitions (read, then dropped).
+_RETIRED_FIELDS = ("window", "allowed_lateness", "dedup_horizon")
 
 
 @dataclass
 class JobSpec:
     name: str
-    topics: list[str]
     root: str
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    definition_file: str | None = None  # the pipeline definition (YAML); None: a bronze-only job
+    topics: list[str] = field(default_factory=list)  # a bronze-only job's topics (else the definition's)
+    stages: list[str] | None = None  # None: every stage the job has (bronze only without a definition)
     # bronze: Kafka source
-    max_offsets_per_trigger: int | None = 50_000
+    max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     starting_offsets: str = "earliest"
     kafka: dict[str, str] = field(default_factory=dict)
-    # silver and gold
-    window: str = "tumbling:1m"
-    allowed_lateness: str = "30s"
-    dedup_horizon: str = "24h"
-    gold_partitions: int | None = None  # shuffle partitions of gold's aggregation (its parallelism)
+    # gold
+    gold_partitions: int | None = None  # shuffle partitions of gold's aggregations (their parallelism)
     # running
-    processing_time_s: float = 5.0  # trigger interval when run continuously
-    master: str = "local[*]"  # for the CLI; Airflow uses the spark connection below
-    spark_conn_id: str = "spark_default"
+    processing_time_s: float | None = None  # trigger interval when run continuously (None: 5 s)
+    master: str | None = None  # for the CLI (None: local[*]); Airflow uses the spark connection below
+    spark_conn_id: str | None = None  # None: spark_default
     total_executor_cores: int | None = None  # spark.cores.max on a standalone cluster
     executor_cores: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise InvalidOptionError(f"job name {self.name!r} may only contain letters, digits, _ . -")
-        if not self.topics:
-            raise InvalidOptionError(f"job {self.name}: at least one topic is required")
         self.root = str(Path(self.root).absolute())
-        self.pipeline_config()  # validates stages, window, durations
+        if self.definition_file:
+            self.definition_file = str(Path(self.definition_file).absolute())
+        elif not self.topics:
+            raise InvalidOptionError(f"job {self.name}: a definition (--definition FILE) or at least one topic is "
+                                     "required")
+        stages = self.run_stages
+        if not stages or tuple(stages) != STAGES[:len(stages)]:
+            raise InvalidOptionError(f"job {self.name}: stages must be a prefix of {', '.join(STAGES)} (bronze "
+                                     f"first), got {', '.join(stages) or 'none'}")
+        if len(stages) > 1 and not self.definition_file:
+            raise InvalidOptionError(f"job {self.name}: silver and gold need a pipeline definition "
+                                     "(--definition FILE, e.g. pipelines/sensors.yaml); without one only bronze runs")
+
+    # -- the definition ------------------------------------------------------------------
+
+    @property
+    def run_stages(self) -> list[str]:
+        return list(self.stages) if self.stages else (list(STAGES) if self.definition_file else ["bronze"])
+
+    @property
+    def definition(self):
+        """The definition the job's tables were built with (applied), else the file's.
+        None for a bronze-only job."""
+        from streamlake.pipeline.evolution import applied_definition
+        from streamlake.pipeline.definition import load_definition
+
+        if not self.definition_file:
+            return None
+        return applied_definition(self.root) or load_definition(self.definition_file)
+
+    def file_definition(self):
+        """The definition file as it is now (what the next run applies)."""
+        from streamlake.pipeline.definition import load_definition
+
+        return load_definition(self.definition_file) if self.definition_file else None
+
+    @property
+    def source_topics(self) -> list[str]:
+        """The topics bronze ingests: the definition's, or (topic pattern) those bronze ingested."""
+        definition = self.definition
+        if definition is None:
+            return list(self.topics)
+        if definition.topics:
+            return list(definition.topics)
+        from streamlake.pipeline.bronze import ingested_topics
+
+        try:
+            return ingested_topics(self.table)
+        except FileNotFoundError:
+            return []
 
     # -- layout --------------------------------------------------------------------------
 
     def table_path(self, name: str) -> str:
-        """Directory of one of the job's tables (bronze, silver, quarantine, gold, late_events)."""
+        """Directory of one of the job's tables (``bronze``, ``silver``, ``gold/<aggregate>``...)."""
         return str(Path(self.root) / name)
 
     def checkpoint_path(self, stage: str) -> str:
@@ -89,22 +161,42 @@ class JobSpec:
         return self.table_path("bronze")
 
     def tables(self) -> dict[str, str]:
-        """Every table the job's stages write, by name."""
-        return {t: self.table_path(t) for stage in self.stages for t in STAGE_TABLES[stage]}
+        """Every table the job's stages write, by name, in pipeline order."""
+        out = {"bronze": self.table}
+        definition = self.definition
+        if definition is None:
+            return out
+        stages = self.run_stages
+        if "silver" in stages:
+            out.update(silver=self.table_path("silver"), quarantine=self.table_path("quarantine"))
+        if "gold" in stages:
+            for agg in definition.aggregates:
+                out[agg.gold_table] = self.table_path(agg.gold_table)
+                out[agg.late_table] = self.table_path(agg.late_table)
+        return out
+
+    def stage_of(self, table: str) -> str:
+        """The stage (and checkpoint) that writes ``table``."""
+        if table in ("silver", "quarantine"):
+            return "silver"
+        if table.startswith(("gold/", "late_events/")):
+            return "gold/" + table.split("/", 1)[1]
+        return "bronze"
 
     # -- as run configurations ------------------------------------------------------------
 
     def pipeline_config(self, continuous: bool = False):
-        """The job as a PipelineConfig (imported here: DAG files import this module)."""
+        """The job as a PipelineConfig: the definition *file* (a run applies its changes),
+        the settings as recorded (imported here: DAG files import this module)."""
         from streamlake.pipeline.config import PipelineConfig
 
         return PipelineConfig(
-            root=self.root, topics=tuple(self.topics), stages=tuple(self.stages),
+            root=self.root, definition=self.file_definition(),
+            topics=() if self.definition_file else tuple(self.topics), stages=tuple(self.run_stages),
             starting_offsets=self.starting_offsets,
-            processing_time_s=self.processing_time_s if continuous else None,
+            processing_time_s=(self.processing_time_s or 5.0) if continuous else None,
             max_offsets_per_trigger=self.max_offsets_per_trigger, min_partitions=self.min_partitions,
-            kafka=dict(self.kafka), window=self.window, allowed_lateness=self.allowed_lateness,
-            dedup_horizon=self.dedup_horizon, gold_partitions=self.gold_partitions, query_name=self.name,
+            kafka=dict(self.kafka), gold_partitions=self.gold_partitions, query_name=self.name,
         )
 
     def spark_conf(self) -> dict[str, str]:
@@ -121,11 +213,39 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "JobSpec":
+        data = {k: v for k, v in data.items() if k not in _RETIRED_FIELDS}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidOptionError(f"unknown job field(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
+
+
+# -- where definitions and jobs live -----------------------------------------------------------
+
+def pipelines_dir() -> Path:
+    """The directory of pipeline definitions: ``$STREAMLAKE_PIPELINES`` or ``pipelines/`` in the checkout."""
+    return Path(os.environ.get("STREAMLAKE_PIPELINES") or config.project_root() / "pipelines")
+
+
+def definition_files() -> dict[str, Path]:
+    """Pipeline name -> definition file, for every definition in :func:`pipelines_dir`
+    (a file that does not load is logged and left out; ``pipeline validate`` says why)."""
+    from streamlake.pipeline.definition import DefinitionError, load_definition
+
+    out: dict[str, Path] = {}
+    directory = pipelines_dir()
+    for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
+        try:
+            name = load_definition(path).name
+        except DefinitionError as exc:
+            log.warning("pipeline definition %s does not load: %s", path, exc)
+            continue
+        if name in out:
+            log.warning("pipeline %s is defined twice (%s and %s); using the first", name, out[name], path)
+            continue
+        out[name] = path
+    return out
 
 
 def jobs_dir() -> Path:
@@ -134,28 +254,119 @@ def jobs_dir() -> Path:
     return path
 
 
-def demo_job() -> JobSpec:
-    return JobSpec(name=DEMO_JOB, topics=["sensors"], root=str(config.home() / "data" / DEMO_JOB))
+def default_job(name: str, definition_file: str | Path) -> JobSpec:
+    """The job of a definition in the pipelines directory: its root under the home, the
+    default read limit for scheduled available-now runs."""
+    return JobSpec(name=name, root=str(config.home() / "data" / name), definition_file=str(definition_file),
+                   max_offsets_per_trigger=DEFAULT_MAX_OFFSETS_PER_TRIGGER)
+
+
+def identity_file(root: str | Path) -> Path:
+    return Path(root) / "_control" / IDENTITY_FILE
+
+
+def root_identity(root: str | Path) -> str | None:
+    """The name of the job rooted at ``root`` (None: no command has reached it yet)."""
+    try:
+        return json.loads(identity_file(root).read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def save_job(spec: JobSpec) -> JobSpec:
+    """Record ``spec`` (``$STREAMLAKE_HOME/jobs/<name>.json``) and its name in its root.
+
+    Raises InvalidOptionError when the name belongs to a job of another root, or the
+    root to a job of another name: a root is one job, a name one root."""
+    owner = root_identity(spec.root)
+    if owner is not None and owner != spec.name:
+        raise InvalidOptionError(f"{spec.root} is the root of job {owner!r}; a root holds one job (use that name, "
+                                 "or another root)")
     path = jobs_dir() / f"{spec.name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(spec.to_dict(), indent=2))
-    os.replace(tmp, path)
+    if path.exists():
+        try:
+            other = json.loads(path.read_text()).get("root")
+        except ValueError:
+            other = None
+        if other and Path(other) != Path(spec.root) and root_identity(other) == spec.name:
+            raise InvalidOptionError(f"a job named {spec.name!r} already lives at {other}; give this root another "
+                                     "name (--name)")
+    _write_json(path, spec.to_dict())
+    if owner is None:
+        _write_json(identity_file(spec.root), {"name": spec.name})
     return spec
 
 
 def load_job(name: str) -> JobSpec:
-    """The job's spec. Raises KeyError for an unknown job (the demo job always exists)."""
+    """The job's spec. A definition in the pipelines directory is a job of its name even
+    before it ran. Raises KeyError for an unknown job."""
     path = jobs_dir() / f"{name}.json"
     if path.exists():
         return JobSpec.from_dict(json.loads(path.read_text()))
-    if name == DEMO_JOB:
-        return save_job(demo_job())
+    definitions = definition_files()
+    if name in definitions:
+        return save_job(default_job(name, definitions[name]))
     raise KeyError(f"no job named {name!r} (known: {', '.join(list_jobs()) or 'none'})")
 
 
 def list_jobs() -> list[str]:
     names = {p.stem for p in jobs_dir().glob("*.json")}
-    return sorted(names | {DEMO_JOB})
+    return sorted(names | set(definition_files()))
+
+
+def _free_name(wanted: str, root: Path) -> str:
+    """``wanted`` unless a job of another root has it; then ``wanted-<hash of the root>``."""
+    path = jobs_dir() / f"{wanted}.json"
+    if not path.exists():
+        return wanted
+    try:
+        other = json.loads(path.read_text()).get("root")
+    except ValueError:
+        other = None
+    if not other or Path(other) == root:
+        return wanted
+    return f"{wanted}-{hashlib.sha1(str(root).encode()).hexdigest()[:8]}"
+
+
+def job_for_root(root: str | Path, *, definition_file: str | None = None, name: str | None = None,
+                 topics: list[str] | None = None) -> JobSpec:
+    """The job rooted at ``root``: the one whose name the root holds, else a new spec (not
+    saved) named ``name``, else after the definition (or ``root-<dir>`` for a bronze-only
+    job), made unique (see the module docstring). Raises InvalidOptionError when ``name``
+    contradicts the root's job, and KeyError when the root has no job and nothing to make
+    one from."""
+    root = Path(root).absolute()
+    owner = root_identity(root)
+    if owner is not None:
+        if name and name != owner:
+            raise InvalidOptionError(f"{root} is the root of job {owner!r}, not {name!r}")
+        try:
+            return load_job(owner)
+        except KeyError:
+            pass  # the root came from another STREAMLAKE_HOME: make the job again below
+        name = owner
+    if not definition_file and not topics:
+        from streamlake.pipeline.evolution import applied_definition_file
+
+        definition_file = applied_definition_file(root)
+        if not definition_file:
+            raise KeyError(f"no pipeline has run under {root}: start it with `streamlake pipeline run "
+                           f"--definition FILE --root {root}`")
+    if name is None:
+        from streamlake.pipeline.definition import load_definition
+
+        wanted = load_definition(definition_file).name if definition_file else f"root-{root.name}"
+        name = _free_name(wanted, root)
+    return JobSpec(name=name, root=str(root), definition_file=definition_file, topics=list(topics or []))
+
+
+def with_settings(spec: JobSpec, **settings) -> JobSpec:
+    """``spec`` with the settings that were given (None values are not given)."""
+    return replace(spec, **{k: v for k, v in settings.items() if v is not None})

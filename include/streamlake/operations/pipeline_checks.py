@@ -1,20 +1,21 @@
-"""Proofs for the pipeline's stages, next to bronze's offset audit.
+"""Proofs for a pipeline's stages, next to bronze's offset audit; generic over definitions.
 
 :func:`account_for_bronze`
     every bronze row (up to the version silver and quarantine have consumed)
     is accounted for exactly once, by lineage (topic, partition, offset): in
     silver, in quarantine, or dropped as a duplicate (its record parses to a
-    valid event whose id silver holds under another lineage). Also: no silver
-    or quarantine row without a bronze row, none twice.
+    valid event whose id silver holds under another lineage; only with an
+    ``event_id``). Also: no silver or quarantine row without a bronze row,
+    none twice.
 :func:`check_gold`
-    for an event-time range, gold equals a batch recompute from silver at the
-    version gold has consumed: the same windows, counts, min and max and exact
-    sums, averages within 1e-9; windows with late events still pending are
-    reported apart (they wait for a backfill); late events the range's backfill
-    saw are all marked applied.
+    for one aggregate and an event-time range, its gold table equals a batch
+    recompute from silver at the version gold has consumed: the same windows,
+    every count, sum, min and max exact, averages within 1e-9; windows with late
+    events still pending are reported apart (they wait for a backfill); late
+    events the range's backfill saw are all marked applied.
 
-Both read whole tables with Spark (pruned by event time where they can); their
-cost follows the data they prove.
+Both read with Spark (pruned by event time or bronze version where they can);
+their cost follows the data they prove.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict, dataclass, field
 
-from streamlake.delta.table import open_table, read_files, files_overlapping, read_table
+from streamlake.delta.table import files_overlapping, open_table, read_files, read_table
 from streamlake.pipeline.bronze import BRONZE
-from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, QUARANTINE, SILVER
+from streamlake.pipeline.definition import Aggregate, PipelineDefinition
+from streamlake.pipeline.measures import compared_columns
+from streamlake.pipeline.schemas import QUARANTINE, gold_spec, late_spec, silver_spec
 from streamlake.pipeline.stage import committed_position
-from streamlake.pipeline.windows import WindowSpec
 
 EXAMPLES = 5
 AVG_TOLERANCE = 1e-9
+LINEAGE = ["topic", "partition", "offset"]
 
 
 def consumed_version(table, source: str) -> int | None:
@@ -75,7 +78,8 @@ class AccountingReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def account_for_bronze(spark, tables: dict[str, str], since_version: int | None = None) -> AccountingReport:
+def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefinition,
+                       since_version: int | None = None) -> AccountingReport:
     """See the module docstring. ``tables`` maps bronze, silver, quarantine to paths.
 
     With ``since_version`` (the version a previous passing accounting reached) only
@@ -86,7 +90,7 @@ def account_for_bronze(spark, tables: dict[str, str], since_version: int | None 
     from pyspark.sql import functions as F
 
     from streamlake.delta.changes import read_changes
-    from streamlake.pipeline.validation import parse_events
+    from streamlake.pipeline.validation import REASON, parse_events
 
     silver, quarantine = open_table(tables["silver"]), open_table(tables["quarantine"])
     versions = [consumed_version(silver, "bronze"), consumed_version(quarantine, "bronze")]
@@ -98,43 +102,48 @@ def account_for_bronze(spark, tables: dict[str, str], since_version: int | None 
         since_version = None if since_version < through else since_version
     if since_version is not None and since_version >= through:
         return AccountingReport(through, since_version)
-    lineage = ["topic", "partition", "offset"]
+    s_spec = silver_spec(definition)
     if since_version is None:
         bronze = read_table(spark, tables["bronze"], BRONZE, through)
-        s_rows = read_table(spark, tables["silver"], SILVER).where(F.col("bronze_version") <= through)
+        s_rows = read_table(spark, tables["silver"], s_spec).where(F.col("bronze_version") <= through)
         q_rows = read_table(spark, tables["quarantine"], QUARANTINE).where(F.col("bronze_version") <= through)
     else:
         bronze, _range = read_changes(spark, tables["bronze"], since_version, through)
         window = (F.col("bronze_version") > since_version) & (F.col("bronze_version") <= through)
-        s_rows = read_files(spark, tables["silver"], SILVER, files_overlapping(
+        s_rows = read_files(spark, tables["silver"], s_spec, files_overlapping(
             silver, "bronze_version", since_version + 1, through)).where(window)
         q_rows = read_files(spark, tables["quarantine"], QUARANTINE, files_overlapping(
             quarantine, "bronze_version", since_version + 1, through)).where(window)
-    bronze = bronze.select(*lineage, "key", "value", F.col("timestamp").alias("kafka_timestamp"))
-    seen = (s_rows.select(*lineage, F.lit(1).alias("s"), F.lit(0).alias("q"))
-            .unionByName(q_rows.select(*lineage, F.lit(0).alias("s"), F.lit(1).alias("q")))
-            .groupBy(*lineage).agg(F.sum("s").alias("s"), F.sum("q").alias("q")))
-    joined = bronze.join(seen, lineage, "full_outer").persist()
+    bronze = bronze.select(*LINEAGE, "key", "value", "timestamp")
+    seen = (s_rows.select(*LINEAGE, F.lit(1).alias("s"), F.lit(0).alias("q"))
+            .unionByName(q_rows.select(*LINEAGE, F.lit(0).alias("s"), F.lit(1).alias("q")))
+            .groupBy(*LINEAGE).agg(F.sum("s").alias("s"), F.sum("q").alias("q")))
+    joined = bronze.join(seen, LINEAGE, "full_outer").persist()
     try:
         twice = joined.where("s + q > 1")
-        extra = joined.where("kafka_timestamp IS NULL")  # every Kafka record has a timestamp
+        extra = joined.where("timestamp IS NULL")  # every Kafka record has a timestamp
         missing = joined.where("s IS NULL AND q IS NULL")
-        valid = parse_events(missing).where("reason IS NULL").persist()
-        dup = valid.join(_silver_ids_near(spark, tables["silver"], valid), "event_id", "left_semi")
+        n_missing = missing.count()
+        n_dup, dup_lineage = 0, None
+        if definition.event_id and n_missing:
+            valid = parse_events(missing, definition).where(F.col(REASON).isNull()).select(
+                *[F.col(f"_bronze.{c}").alias(c) for c in LINEAGE],
+                F.col(f"`{definition.event_id}`").cast("string").alias("_id"),
+                F.col(f"`{definition.event_time}`").alias("_t")).persist()
+            dup = valid.join(_silver_ids_near(spark, tables["silver"], definition, valid), "_id", "left_semi")
+            n_dup, dup_lineage = dup.count(), dup.select(*LINEAGE)
         counts = joined.agg(
-            F.count_if(F.col("kafka_timestamp").isNotNull()).alias("bronze"),
+            F.count_if(F.col("timestamp").isNotNull()).alias("bronze"),
             F.coalesce(F.sum("s"), F.lit(0)).alias("silver"), F.coalesce(F.sum("q"), F.lit(0)).alias("quarantine"),
         ).first()
-        n_missing, n_dup = missing.count(), dup.count()
         report = AccountingReport(
             through, since_version, counts.bronze, counts.silver, counts.quarantine, n_dup, n_missing - n_dup,
             twice.count(), extra.count())
-        for name, df in (("unaccounted", missing.join(dup.select(*lineage), lineage, "left_anti")),
-                         ("counted_twice", twice), ("extra", extra)):
+        unaccounted = missing if dup_lineage is None else missing.join(dup_lineage, LINEAGE, "left_anti")
+        for name, df in (("unaccounted", unaccounted), ("counted_twice", twice), ("extra", extra)):
             if getattr(report, name):
                 report.examples[name] = [f"{r.topic}-{r.partition}@{r.offset}"
-                                         for r in df.select(*lineage).limit(EXAMPLES).collect()]
-        valid.unpersist()
+                                         for r in df.select(*LINEAGE).limit(EXAMPLES).collect()]
         return report
     finally:
         joined.unpersist()
@@ -150,21 +159,24 @@ def _appends_only(path: str, since: int, through: int) -> bool:
                if since < int(h.get("version", -1)) <= through)
 
 
-def _silver_ids_near(spark, silver_path: str, events):
-    """Silver's event ids within a day of ``events``' event times (where their originals are)."""
+def _silver_ids_near(spark, silver_path: str, definition: PipelineDefinition, events):
+    """Silver's event ids (as text, column ``_id``) within the de-duplication horizon of
+    ``events``' event times (column ``_t``): where their originals are."""
     from pyspark.sql import functions as F
 
-    bounds = events.agg(F.min(F.unix_micros("event_time")).alias("lo"),
-                        F.max(F.unix_micros("event_time")).alias("hi")).first()
+    bounds = events.agg(F.min(F.unix_micros("_t")).alias("lo"), F.max(F.unix_micros("_t")).alias("hi")).first()
     if bounds.lo is None:
-        return spark.createDataFrame([], "event_id string")
-    day = 86_400_000_000
-    files = files_overlapping(open_table(silver_path), "event_time", _dt(bounds.lo - day), _dt(bounds.hi + day))
-    return read_files(spark, silver_path, SILVER, files).select("event_id")
+        return spark.createDataFrame([], "_id string")
+    horizon = definition.dedup_horizon_ms * 1000
+    files = files_overlapping(open_table(silver_path), definition.event_time, _dt(bounds.lo - horizon),
+                              _dt(bounds.hi + horizon))
+    return read_files(spark, silver_path, silver_spec(definition), files).select(
+        F.col(f"`{definition.event_id}`").cast("string").alias("_id"))
 
 
 @dataclass
 class GoldCheckReport:
+    aggregate: str
     range_start: str | None
     range_end: str | None
     silver_version: int | None
@@ -172,7 +184,7 @@ class GoldCheckReport:
     windows_pending: int = 0  # with late events not yet applied: excluded, reported
     missing: int = 0  # in the recompute, not in gold
     extra: int = 0  # in gold, not in the recompute
-    mismatched: int = 0  # count/min/max/sum differ, or avg beyond 1e-9
+    mismatched: int = 0  # a count, sum, min or max differs, or avg beyond 1e-9
     late_not_applied: int = 0  # late events the backfill saw that are still pending
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -183,8 +195,8 @@ class GoldCheckReport:
     def summary(self) -> str:
         where = f"[{self.range_start or '-inf'}, {self.range_end or '+inf'})"
         verdict = "GOLD EQUALS RECOMPUTE" if self.passed else "VIOLATED"
-        text = (f"gold check of event time {where} against silver version {self.silver_version}: {verdict}: "
-                f"{self.windows_checked} windows equal, {self.windows_pending} with late events pending")
+        text = (f"gold/{self.aggregate} check of event time {where} against silver version {self.silver_version}: "
+                f"{verdict}: {self.windows_checked} windows equal, {self.windows_pending} with late events pending")
         if not self.passed:
             text += (f"; missing {self.missing}, extra {self.extra}, mismatched {self.mismatched}, "
                      f"late events not applied {self.late_not_applied}; examples {self.examples}")
@@ -194,79 +206,97 @@ class GoldCheckReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def check_gold(spark, tables: dict[str, str], window: WindowSpec, start: dt.datetime | None = None,
-               end: dt.datetime | None = None, *, late_seen_through: int | None = None) -> GoldCheckReport:
-    """See the module docstring. ``late_seen_through``: the silver version up to which late
-    events must be applied (a backfill's pinned version); None checks windows only."""
+def check_gold(spark, tables: dict[str, str], definition: PipelineDefinition, aggregate: Aggregate,
+               start: dt.datetime | None = None, end: dt.datetime | None = None, *,
+               late_seen_through: int | None = None) -> GoldCheckReport:
+    """See the module docstring. ``tables`` maps silver and the aggregate's gold and late
+    tables to paths; ``late_seen_through``: the silver version up to which late events must
+    be applied (a backfill's pinned version); None checks windows only."""
     from pyspark.sql import functions as F
 
-    from streamlake.pipeline.gold import session_partials, window_pairs
+    from streamlake.pipeline.gold import aggregate_fixed, window_pairs
 
-    gold = open_table(tables["gold"])
+    gold_path, late_path = tables[aggregate.gold_table], tables[aggregate.late_table]
+    gold = open_table(gold_path)
     version = consumed_version(gold, "silver")
-    report = GoldCheckReport(start.isoformat() if start else None, end.isoformat() if end else None, version)
+    report = GoldCheckReport(aggregate.name, start.isoformat() if start else None, end.isoformat() if end else None,
+                             version)
     if version is None:
         return report
+    window = aggregate.window
+    event_time = definition.event_time
+    keys = list(aggregate.keys)
     lo_us = _us(start) if start else None
     hi_us = _us(end) if end else None
     pad = window.size_ms * 1000 * (1 if not window.is_session else 60)  # sessions: widen, compare inner ones
     silver = open_table(tables["silver"], version)
-    files = files_overlapping(silver, "event_time", _dt(lo_us - pad) if lo_us is not None else None,
+    files = files_overlapping(silver, event_time, _dt(lo_us - pad) if lo_us is not None else None,
                               _dt(hi_us + pad) if hi_us is not None else None)
-    events = read_files(spark, tables["silver"], SILVER, files)
+    events = read_files(spark, tables["silver"], silver_spec(definition), files)
+    t = F.unix_micros(F.col(f"`{event_time}`"))
     if lo_us is not None:
-        events = events.where(F.unix_micros("event_time") >= lo_us - pad)
+        events = events.where(t >= lo_us - pad)
     if hi_us is not None:
-        events = events.where(F.unix_micros("event_time") < hi_us + pad)
+        events = events.where(t < hi_us + pad)
     if window.is_session:
-        recomputed = _merged_sessions(spark, session_partials(events, window, None), window)
+        recomputed = _merged_sessions(spark, definition, aggregate, events)
     else:
-        from streamlake.pipeline.gold import aggregate
-
-        recomputed = aggregate(window_pairs(events, window), None)
-    recomputed = recomputed.select("sensor_id", "_wstart", "_wend", *[F.col(c).alias(f"r_{c}") for c in (
-        "count", "sum_temperature", "min_temperature", "max_temperature")])
+        recomputed = aggregate_fixed(window_pairs(events, window, event_time), definition, aggregate, None)
+    compared = compared_columns(aggregate)
+    recomputed = recomputed.select(*[F.col(f"`{k}`") for k in keys], "_wstart", "_wend",
+                                   *[F.col(f"`{c}`").alias(f"r{c}") for c in compared])
     in_range = _in_range(lo_us, hi_us, inner=window.is_session, pad=pad if window.is_session else 0)
     recomputed = recomputed.where(in_range)
-    gold_rows = read_table(spark, tables["gold"], GOLD).select(
-        "sensor_id", F.unix_micros("window_start").alias("_wstart"), F.unix_micros("window_end").alias("_wend"),
-        "count", "sum_temperature", "min_temperature", "max_temperature", "avg_temperature").where(in_range)
-    pending = _pending_windows(spark, tables["late_events"], version, window).withColumn("_pending", F.lit(True))
+    avgs = [m.column for m in aggregate.measures if m.function == "avg"]
+    gold_rows = read_table(spark, gold_path, gold_spec(definition, aggregate)).select(
+        *[F.col(f"`{k}`") for k in keys], F.unix_micros("window_start").alias("_wstart"),
+        F.unix_micros("window_end").alias("_wend"), *[F.col(f"`{c}`").alias(f"g{c}") for c in compared],
+        *[F.col(f"`{c}`").alias(f"g{c}") for c in avgs]).where(in_range)
+    pending = _pending_windows(spark, definition, aggregate, late_path, version).withColumn("_pending", F.lit(True))
+    same_key = [F.col(f"p.`{k}`") == F.col(f"w.`{k}`") for k in keys]
     if window.is_session:  # a pending event touches the sessions its proto-window overlaps
-        touch = (F.col("p.sensor_id") == F.col("w.sensor_id")) & (F.col("_lstart") <= F.col("_wend")) & \
-                (F.col("_lend") >= F.col("_wstart"))
+        touch = [(F.col("_lstart") <= F.col("_wend")), (F.col("_lend") >= F.col("_wstart"))]
     else:
-        touch = (F.col("p.sensor_id") == F.col("w.sensor_id")) & (F.col("_lstart") == F.col("_wstart")) & \
-                (F.col("_lend") == F.col("_wend"))
-    windows = recomputed.join(gold_rows, ["sensor_id", "_wstart", "_wend"], "full_outer")
-    flagged = windows.alias("w").join(pending.alias("p"), touch, "left").select(
-        "w.*", F.col("p._pending").alias("_pending")).dropDuplicates(["sensor_id", "_wstart", "_wend"])
+        touch = [(F.col("_lstart") == F.col("_wstart")), (F.col("_lend") == F.col("_wend"))]
+    condition = same_key[0] if same_key else F.lit(True)
+    for c in same_key[1:] + touch:
+        condition = condition & c
+    windows = recomputed.join(gold_rows, [*keys, "_wstart", "_wend"], "full_outer")
+    flagged = windows.alias("w").join(pending.alias("p"), condition, "left").select(
+        "w.*", F.col("p._pending").alias("_pending")).dropDuplicates([*keys, "_wstart", "_wend"])
     joined = flagged.persist()
     try:
         settled = joined.where(F.col("_pending").isNull())
-        missing = settled.where("count IS NULL")
-        extra = settled.where("r_count IS NULL")
-        both = settled.where("count IS NOT NULL AND r_count IS NOT NULL")
-        bad = both.where(
-            "count != r_count OR min_temperature != r_min_temperature OR max_temperature != r_max_temperature OR "
-            "sum_temperature != r_sum_temperature OR "
-            f"abs(avg_temperature - CAST(r_sum_temperature AS DOUBLE) / r_count) > {AVG_TOLERANCE}")
-        report.windows_checked = both.count() - bad.count()
+        missing = settled.where(F.col("g_events").isNull())
+        extra = settled.where(F.col("r_events").isNull())
+        both = settled.where(F.col("g_events").isNotNull() & F.col("r_events").isNotNull())
+        differs = F.lit(False)
+        for c in compared:
+            differs = differs | ~F.col(f"g{c}").eqNullSafe(F.col(f"r{c}"))
+        for c in avgs:
+            expected = F.col(f"r_sum_{c}").cast("double") / F.col(f"r_count_{c}")
+            differs = differs | (F.col(f"g{c}").isNull() != expected.isNull()) | \
+                (F.abs(F.col(f"g{c}") - expected) > AVG_TOLERANCE)
+        bad = both.where(differs)
+        n_bad = bad.count()
+        report.windows_checked = both.count() - n_bad
         report.windows_pending = joined.where(F.col("_pending")).count()
-        report.missing, report.extra, report.mismatched = missing.count(), extra.count(), bad.count()
+        report.missing, report.extra, report.mismatched = missing.count(), extra.count(), n_bad
         for name, df in (("missing", missing), ("extra", extra), ("mismatched", bad)):
             if getattr(report, name):
-                report.examples[name] = [f"{r.sensor_id} [{_dt(r._wstart):%H:%M:%S}, {_dt(r._wend):%H:%M:%S})"
-                                         for r in df.limit(EXAMPLES).collect()]
+                report.examples[name] = [
+                    f"{'/'.join(str(r[k]) for k in keys) or '(all)'} [{_dt(r._wstart):%H:%M:%S}, {_dt(r._wend):%H:%M:%S})"
+                    for r in df.limit(EXAMPLES).collect()]
     finally:
         joined.unpersist()
     if late_seen_through is not None:
-        late = read_table(spark, tables["late_events"], LATE_EVENTS).where(
+        late = read_table(spark, late_path, late_spec(definition, aggregate)).where(
             (F.col("applied") == False) & (F.col("silver_version") <= late_seen_through))  # noqa: E712
+        lt = F.unix_micros(F.col(f"`{event_time}`"))
         if lo_us is not None:
-            late = late.where(F.unix_micros("event_time") >= lo_us)
+            late = late.where(lt >= lo_us)
         if hi_us is not None:
-            late = late.where(F.unix_micros("event_time") < hi_us)
+            late = late.where(lt < hi_us)
         report.late_not_applied = late.count()
         if report.late_not_applied:
             report.examples["late_not_applied"] = [f"{r.topic}-{r.partition}@{r.offset}"
@@ -274,26 +304,37 @@ def check_gold(spark, tables: dict[str, str], window: WindowSpec, start: dt.date
     return report
 
 
-def _merged_sessions(spark, partials, window: WindowSpec):
-    """Spark's batch sessions merged where they touch, as gold merges them (driver side)."""
-    from streamlake.pipeline.gold import GOLD_KEY_SCHEMA, combine_sessions, partials_to_rows
+def _merged_sessions(spark, definition: PipelineDefinition, aggregate: Aggregate, events):
+    """Spark's batch sessions merged where they touch, as gold merges them (driver side), as
+    a DataFrame of keys, ``_wstart``/``_wend`` and the compared columns."""
+    import pyarrow as pa
+
+    from streamlake.pipeline.gold import aggregate_sessions, combine_sessions, partials_to_rows, to_micros
 
     now = dt.datetime.now(dt.timezone.utc)
-    rows, _ = combine_sessions([], partials_to_rows(partials), window.size_ms, now)
-    data = [(r["sensor_id"], _us(r["window_start"]), _us(r["window_end"]), r["count"], r["sum_temperature"],
-             r["min_temperature"], r["max_temperature"]) for r in rows]
-    return spark.createDataFrame(data, GOLD_KEY_SCHEMA)
+    rows, _ = combine_sessions(definition, aggregate, [], partials_to_rows(
+        aggregate_sessions(events, definition, aggregate, None)), now)
+    spec = gold_spec(definition, aggregate)
+    compared = compared_columns(aggregate)
+    schema = pa.schema([spec.schema.field(k) for k in aggregate.keys]
+                       + [("_wstart", pa.int64()), ("_wend", pa.int64())]
+                       + [spec.schema.field(c) for c in compared])
+    data = [{**{k: r[k] for k in aggregate.keys}, "_wstart": to_micros(r["window_start"]),
+             "_wend": to_micros(r["window_end"]), **{c: r[c] for c in compared}} for r in rows]
+    return spark.createDataFrame(pa.Table.from_pylist(data, schema=schema))
 
 
-def _pending_windows(spark, late_path: str, silver_version: int, window: WindowSpec):
-    """(sensor, window) pairs of gold that late events not applied yet (from consumed versions)
+def _pending_windows(spark, definition: PipelineDefinition, aggregate: Aggregate, late_path: str,
+                     silver_version: int):
+    """(key, window) pairs of gold that late events not applied yet (from consumed versions)
     belong to: their closed windows; for sessions, any session their proto-window touches."""
     from pyspark.sql import functions as F
 
-    late = read_table(spark, late_path, LATE_EVENTS).where(
+    late = read_table(spark, late_path, late_spec(definition, aggregate)).where(
         (F.col("applied") == False) & (F.col("silver_version") <= silver_version))  # noqa: E712
-    return (late.select("sensor_id", F.explode("windows").alias("w"))
-            .select("sensor_id", F.unix_micros("w.start").alias("_lstart"), F.unix_micros("w.end").alias("_lend"))
+    keys = [F.col(f"`{k}`") for k in aggregate.keys]
+    return (late.select(*keys, F.explode("windows").alias("w"))
+            .select(*keys, F.unix_micros("w.start").alias("_lstart"), F.unix_micros("w.end").alias("_lend"))
             .distinct())
 
 

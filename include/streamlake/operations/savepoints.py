@@ -3,8 +3,9 @@
 Flink's savepoints, for Spark + Delta, covering every stage of the pipeline. A
 savepoint holds a manifest (:class:`SavepointManifest`: each table's Delta
 version and the ``txn`` state it was at - Kafka offsets per partition for
-bronze, the upstream position consumed for silver, quarantine, gold and
-late_events, gold's watermark - plus the job's config and the code version)
+bronze, the upstream position consumed for silver, quarantine and every
+aggregate's gold and late_events tables, each gold table's watermark - plus the
+job's config, its applied definition and the code version)
 and a copy of every stage's query checkpoint. It is taken with the job paused
 at micro-batch boundaries (:meth:`streamlake.operations.control.JobControl.quiesced`),
 so the checkpoint copies and the table versions describe the same instant.
@@ -53,7 +54,7 @@ from streamlake.spark.checkpoint import QueryCheckpoint
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Control and run-history files inside a checkpoint: not part of its state.
 _NOT_STATE = {"job.lock", "STOP", "PAUSE", "PAUSED", "state.json", "progress.jsonl"}
 
@@ -92,7 +93,7 @@ class SavepointManifest:
     tables: list[TableState]
     kafka_offsets: dict  # {"topic": {"partition": next offset}} as recorded in bronze
     first_offsets: dict
-    watermark_ms: int | None  # gold's watermark
+    watermarks: dict  # {"gold/<aggregate>": watermark ms} of the gold tables that have one
     checkpoints: list[str]  # stages whose checkpoint is copied under checkpoints/
     code_version: str
     job_was_running: bool
@@ -111,6 +112,11 @@ class SavepointManifest:
 
     def versions(self) -> dict[str, int]:
         return {t.name: t.version for t in self.tables}
+
+    @property
+    def definition(self) -> dict | None:
+        """The pipeline definition the savepoint's tables were built with (normal form)."""
+        return self.job_config.get("applied_definition")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,19 +146,18 @@ def managed_transactions(job: JobSpec, name: str, table) -> dict[str, int]:
     from streamlake.pipeline.stage import position_app_id
 
     txns: dict[str, int] = {}
-    stage = {"bronze": "bronze", "silver": "silver", "quarantine": "silver", "gold": "gold",
-             "late_events": "gold"}[name]
+    stage = job.stage_of(name)
     query_id = QueryCheckpoint(job.checkpoint_path(stage)).query_id()
     if query_id and table.transaction_version(query_app_id(query_id)) is not None:
         txns[query_app_id(query_id)] = table.transaction_version(query_app_id(query_id))
     if name == "bronze":
         with KafkaMetadataClient(client_config({f"kafka.{k}": v for k, v in job.kafka.items()})) as kafka:
-            tps = kafka.partitions(topics=job.topics)
+            tps = kafka.partitions(topics=job.source_topics)
         txns.update({next_offset_app_id(tp): off for tp, off in committed_offsets(table, tps).items()})
         txns.update({first_offset_app_id(tp): off for tp, off in first_offsets(table, tps).items()})
         return txns
     upstream = "bronze" if stage == "silver" else "silver"
-    for app_id in (position_app_id(upstream), WATERMARK_APP_ID if name == "gold" else None):
+    for app_id in (position_app_id(upstream), WATERMARK_APP_ID if name.startswith("gold/") else None):
         if app_id and table.transaction_version(app_id) is not None:
             txns[app_id] = table.transaction_version(app_id)
     return txns
@@ -165,33 +170,36 @@ def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180
     job is kept from starting meanwhile. Raises TimeoutError if the job does not
     reach a boundary in time.
     """
-    from streamlake.pipeline.gold import WATERMARK_APP_ID
-    from streamlake.pipeline.schemas import TABLES
+    from streamlake.delta.table import evolve_table
     from streamlake.pipeline.bronze import BRONZE
+    from streamlake.pipeline.gold import WATERMARK_APP_ID
+    from streamlake.pipeline.schemas import table_spec
 
-    specs = {"bronze": BRONZE, **TABLES}
+    definition = job.definition
     control = job.control
     sp_id = f"sp-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     target = savepoints_dir() / sp_id
     with control.quiesced(timeout_s, stop_after=stop) as paused:
         states = []
         for name, path in job.tables().items():
-            table = ensure_table(path, specs[name])  # a job that never ran: its empty state
+            spec = BRONZE if definition is None else table_spec(definition, name)
+            table = evolve_table(path, spec)[0]  # a job that never ran: its empty state
             states.append(TableState(name, path, table.version(), managed_transactions(job, name, table)))
         bronze = next(t for t in states if t.name == "bronze")
         tmp = savepoints_dir() / f".{sp_id}.tmp"
         _copy_tree(Path(job.checkpoints_dir), tmp / "checkpoints")
         with KafkaMetadataClient(client_config({f"kafka.{k}": v for k, v in job.kafka.items()})) as kafka:
-            tps = kafka.partitions(topics=job.topics)
-        gold = next((t for t in states if t.name == "gold"), None)
+            tps = kafka.partitions(topics=job.source_topics)
+        config = {**job.to_dict(), "applied_definition": definition.to_dict() if definition else None}
         manifest = SavepointManifest(
             id=sp_id, created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            job=job.name, job_config=job.to_dict(), tables=states,
+            job=job.name, job_config=config, tables=states,
             kafka_offsets=offsets_to_json({tp: bronze.transactions[next_offset_app_id(tp)] for tp in tps
                                            if next_offset_app_id(tp) in bronze.transactions}),
             first_offsets=offsets_to_json({tp: bronze.transactions[first_offset_app_id(tp)] for tp in tps
                                            if first_offset_app_id(tp) in bronze.transactions}),
-            watermark_ms=gold.transactions.get(WATERMARK_APP_ID) if gold else None,
+            watermarks={t.name: t.transactions[WATERMARK_APP_ID] for t in states
+                        if WATERMARK_APP_ID in t.transactions},
             checkpoints=sorted(p.name for p in (tmp / "checkpoints").iterdir() if p.is_dir()),
             code_version=code_version(), job_was_running=paused is not None, note=note,
         )
@@ -281,6 +289,7 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
                     raise SavepointError(f"cannot restore {state.path} to version {state.version}: {exc}") from exc
             restored.append({"table": state.name, "path": state.path, "restored_to": state.version,
                              "new_version": open_table(state.path).version()})
+        archived = _archive_tables_without_state(job, manifest, savepoint_id)
         # Swap in the savepoint's checkpoints with directory renames while holding the job lock.
         checkpoints = Path(job.checkpoints_dir)
         staged = checkpoints.with_name(checkpoints.name + f".restoring-{uuid.uuid4().hex[:6]}")
@@ -292,4 +301,23 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
         shutil.rmtree(old, ignore_errors=True)
         control.write_state(restored_from=savepoint_id, restored_at=time.time())
     return {"savepoint": savepoint_id, "job": job.name, "job_was_running": was_running, "tables": restored,
-            "offsets": manifest.kafka_offsets, "versions": manifest.versions(), "watermark_ms": manifest.watermark_ms}
+            "offsets": manifest.kafka_offsets, "versions": manifest.versions(), "watermarks": manifest.watermarks,
+            "archived": archived}
+
+
+def _archive_tables_without_state(job: JobSpec, manifest: SavepointManifest, savepoint_id: str) -> list[str]:
+    """Move the job's tables the savepoint has no state of (an aggregate added after it) to
+    ``<root>/_archive/<savepoint>-<time>/``: the job builds them again from the restored silver."""
+    saved = {t.name for t in manifest.tables}
+    moved = []
+    stamp = f"{savepoint_id}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}"
+    for name, path in job.tables().items():
+        if name in saved or not Path(path).exists():
+            continue
+        target = Path(job.root) / "_archive" / stamp / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(path).rename(target)
+        moved.append(name)
+        log.info("restore %s: %s has no state in the savepoint; moved to %s (rebuilt from silver)",
+                 savepoint_id, name, target)
+    return moved

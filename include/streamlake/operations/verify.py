@@ -9,8 +9,9 @@ After an ingest, a savepoint, a restore, a rescale or a backfill, the DAGs run
 2. **every bronze row once downstream** (silver + quarantine + dropped duplicates,
    :func:`~streamlake.operations.pipeline_checks.account_for_bronze`), over the
    bronze versions since the last passing accounting;
-3. **gold equals a recompute from silver** (:func:`~streamlake.operations.pipeline_checks.check_gold`)
-   for the event times of the silver rows added since the last gold check;
+3. **every gold table equals a recompute from silver** (:func:`~streamlake.operations.pipeline_checks.check_gold`,
+   one check per aggregate) for the event times of the silver rows added since
+   that aggregate's last gold check;
 4. **data quality**: the rows each table's commits added since its last
    validation, with Great Expectations (:mod:`streamlake.quality`).
 
@@ -31,12 +32,15 @@ from streamlake.operations.jobs import JobSpec
 log = logging.getLogger(__name__)
 
 
-def _last_passing(job: JobSpec, kind: str) -> dict | None:
+def _last_passing(job: JobSpec, kind: str, aggregate: str | None = None) -> dict | None:
+    """The details of the job's newest passing check of ``kind`` (of ``aggregate`` for gold)."""
     from streamlake.operations.consistency import recent_checks
 
     for row in recent_checks(500, job.name):
         if row.get("kind") == kind and row.get("verdict") == "PASS":
-            return json.loads(row.get("context") or "{}").get("details") or {}
+            details = json.loads(row.get("context") or "{}").get("details") or {}
+            if aggregate is None or details.get("aggregate") == aggregate:
+                return details
     return None
 
 
@@ -56,30 +60,30 @@ def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None =
     checks.append({"check_id": audit.check_id, "kind": "kafka-audit", "passed": audit.passed,
                    "verdict": "PASS" if audit.passed else "FAIL", "summary": audit.summary})
     tables = job.tables()
-    if "silver" in job.stages:
+    definition = job.definition
+    stages = job.run_stages
+    if "silver" in stages:
         previous = _last_passing(job, "pipeline-accounting")
-        accounting = account_for_bronze(spark, tables, previous.get("bronze_version") if previous else None)
+        accounting = account_for_bronze(spark, tables, definition, previous.get("bronze_version") if previous else None)
         checks.append(record_pipeline_check(job, operation, "pipeline-accounting", accounting.passed,
                                             accounting.summary(), accounting.to_dict(), context))
-    if "gold" in job.stages:
-        from streamlake.pipeline.gold import gold_window
-
-        start = _changed_event_times(spark, job, _last_passing(job, "gold"))
-        if start is not False:
-            from streamlake.pipeline.windows import WindowSpec
-
-            report = check_gold(spark, tables, gold_window(tables["gold"]) or WindowSpec.parse(job.window), start)
+    if "gold" in stages:
+        for aggregate in definition.aggregates:
+            start = _changed_event_times(spark, job, _last_passing(job, "gold", aggregate.name))
+            if start is False:
+                continue
+            report = check_gold(spark, tables, definition, aggregate, start)
             details = {**report.to_dict(), "silver_version": report.silver_version}
             checks.append(record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
-                                                context))
+                                                context, table_path=tables[aggregate.gold_table]))
     for check in checks:
         log.info("%s: %s", check["verdict"], check["summary"])
     summary = {"job": job.name, "operation": operation, "checks": checks}
     if quality:
         from streamlake.quality.validate import validate_operation
 
-        reports = validate_operation(tables, None, operation, context, spark=spark, job_running=job_running,
-                                     raise_on_critical=False)
+        reports = validate_operation(tables, None, operation, context, definition=definition, spark=spark,
+                                     job_running=job_running, raise_on_critical=False)
         summary["quality"] = [{"table": r.table, "status": r.status, "rows": r.rows,
                                "versions": [r.from_version, r.to_version]} for r in reports]
         for r in reports:
@@ -108,7 +112,7 @@ def _changed_event_times(spark, job: JobSpec, previous: dict | None):
     if silver.version() <= since:
         return False
     added, _range = read_changes(spark, job.table_path("silver"), since, silver.version())
-    earliest = added.agg(F.min(F.unix_micros("event_time"))).first()[0]
+    earliest = added.agg(F.min(F.unix_micros(F.col(f"`{job.definition.event_time}`")))).first()[0]
     if earliest is None:
         return False
     return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=earliest)

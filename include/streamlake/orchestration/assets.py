@@ -22,7 +22,7 @@ def table_assets(job_name: str) -> dict[str, Asset]:
 def topic_assets(job_name: str) -> list[Asset]:
     job = load_job(job_name)
     return [Asset(name=f"kafka.{topic}", uri=f"kafka://streamlake/{topic}", group="streamlake-topics")
-            for topic in job.topics]
+            for topic in job.source_topics]
 
 
 def stage_outputs(job_name: str, stages: tuple[str, ...] = ("bronze", "silver", "gold")) -> list[Asset]:

@@ -48,7 +48,7 @@ class _JobSubmitOperator(SparkSubmitOperator):
         self._conn_id = self.spark_conn_id
         self._hook = None
         self.log.info("%s of job %s (%s under %s) via connection %s, resources %s", self.job_application, job.name,
-                      " -> ".join(job.stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
+                      " -> ".join(job.run_stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
         super().execute(context)
 
 
@@ -124,6 +124,7 @@ class JobBackfillOperator(_JobSubmitOperator):
                       " (dry run)" if window.get("dry_run") else "")
         args = ["--job", job.name, "--run-id", window["run_id"], "--result", str(backfill_result_path(window["run_id"])),
                 "--context", json.dumps(run_context())]
+        args += ["--aggregate", window["aggregate"]] if window.get("aggregate") else []
         args += ["--from", window["start"]] if window.get("start") else []
         args += ["--to", window["end"]] if window.get("end") else []
         return args + (["--dry-run"] if window.get("dry_run") else [])

@@ -46,20 +46,29 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
 
     manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
-                                             "versions": manifest.versions(), "watermark_ms": manifest.watermark_ms,
+                                             "versions": manifest.versions(), "watermarks": manifest.watermarks,
                                              "offsets": manifest.kafka_offsets, **run_context()})
     log.info("savepoint %s: table versions %s, offsets %s, watermark %s", manifest.id, manifest.versions(),
-             manifest.kafka_offsets, manifest.watermark_ms)
+             manifest.kafka_offsets, manifest.watermarks)
     return {"id": manifest.id, "job": manifest.job, "offsets": manifest.kafka_offsets,
             "version": manifest.table("bronze").version, "versions": manifest.versions(),
             "job_was_running": manifest.job_was_running, "mode": job_mode(job_name)}
 
 
-def restore(savepoint_id: str) -> dict:
-    """Restore tables, offsets and checkpoint of a savepoint (the job is stopped first)."""
+def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
+    """Restore tables, offsets and checkpoint of a savepoint (the job is stopped first):
+    ``savepoint_id``, or the newest savepoint of ``job_name``. Raises SavepointError when
+    there is none."""
     from streamlake.operations.records import record_operation
-    from streamlake.operations.savepoints import load_savepoint, restore_savepoint
+    from streamlake.operations.savepoints import SavepointError, list_savepoints, load_savepoint, restore_savepoint
 
+    if not savepoint_id:
+        newest = list_savepoints(job_name)
+        if not newest:
+            raise SavepointError(f"job {job_name} has no savepoint to restore: take one with the savepoint DAG "
+                                 "(or `streamlake savepoint create --job NAME`)")
+        savepoint_id = newest[0].id
+        log.info("restoring the newest savepoint of %s: %s", job_name, savepoint_id)
     mode = job_mode(load_savepoint(savepoint_id).job)
     result = restore_savepoint(savepoint_id)
     record_operation("restore", result["job"], {**result, **run_context()})
@@ -165,7 +174,7 @@ def backfill_range(params: dict, run_type: str, data_interval_start, data_interv
         start, end = data_interval_start.isoformat(), data_interval_end.isoformat()
     safe = re.sub(r"[^A-Za-z0-9]+", "-", run_id).strip("-")[-60:]
     return {"start": start, "end": end, "dry_run": bool(params.get("dry_run")) and manual, "run_id": f"bf-{safe}",
-            "manual": manual}
+            "manual": manual, "aggregate": params.get("aggregate") if manual else None}
 
 
 def backfill_result_path(run_id: str):
@@ -177,12 +186,13 @@ def backfill_result_path(run_id: str):
 
 
 def backfill_report(window: dict) -> dict:
-    """The summary the backfill job wrote: restated windows, late events, checks."""
+    """The summary the backfill job wrote: restated windows per aggregate, late events, checks."""
     import json
 
     path = backfill_result_path(window["run_id"])
     summary = json.loads(path.read_text())
-    log.info("%s", summary.get("summary") or summary.get("error"))
+    for entry in summary.get("aggregates") or [summary]:
+        log.info("%s", entry.get("summary") or entry.get("error"))
     for line in summary.get("window_list", []):
         log.info("  window %s", line)
     for check in summary.get("checks", []):

@@ -3,8 +3,10 @@
 Used by ``streamlake pipeline run``, the spark-submit entrypoint
 ``jobs/pipeline.py`` and named jobs (:meth:`streamlake.operations.jobs.JobSpec.pipeline_config`).
 Tables live at ``ROOT/bronze``, ``ROOT/silver``, ``ROOT/quarantine``,
-``ROOT/gold``, ``ROOT/late_events``; checkpoints at ``ROOT/_checkpoints/<stage>``;
-the job's control files at ``ROOT/_control``.
+``ROOT/gold/<aggregate>``, ``ROOT/late_events/<aggregate>``; checkpoints at
+``ROOT/_checkpoints/<stage>`` (``bronze``, ``silver``, ``gold/<aggregate>``); the
+job's control files at ``ROOT/_control``. Silver and gold come from a pipeline
+definition (:mod:`streamlake.pipeline.definition`); without one only bronze runs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamlake.errors import InvalidOptionError
-from streamlake.pipeline.windows import WindowSpec, format_duration_ms, parse_duration_ms
+from streamlake.pipeline.definition import PipelineDefinition
 
 STAGES = ("bronze", "silver", "gold")
 
@@ -23,9 +25,10 @@ class PipelineConfig:
     """Everything a pipeline run needs; mirrors ``streamlake pipeline run`` flags."""
 
     root: str
-    topics: tuple[str, ...] = ()
+    definition: PipelineDefinition | None = None
+    topics: tuple[str, ...] = ()  # bronze-only runs (a definition names its own)
     pattern: str | None = None
-    stages: tuple[str, ...] = STAGES
+    stages: tuple[str, ...] | None = None  # None: all three with a definition, bronze without
     starting_offsets: str = "earliest"
     starting_timestamp: int | None = None
     processing_time_s: float | None = None  # None: available-now (drain every stage, then stop)
@@ -33,21 +36,24 @@ class PipelineConfig:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     kafka: dict[str, str] = field(default_factory=dict)
-    window: str = "tumbling:1m"
-    allowed_lateness: str = "30s"
-    dedup_horizon: str = "24h"
     gold_partitions: int | None = None
     query_name: str = "pipeline"
 
     def __post_init__(self) -> None:
         self.root = str(Path(self.root).absolute())
+        if self.definition is not None:
+            self.topics, self.pattern = tuple(self.definition.topics), self.definition.topic_pattern
+        if self.stages is None:
+            self.stages = STAGES if self.definition is not None else ("bronze",)
         self.stages = tuple(self.stages)
         if not self.stages or self.stages != STAGES[:len(self.stages)]:
             raise InvalidOptionError(f"stages must be a prefix of {', '.join(STAGES)} (bronze first), "
                                      f"got {', '.join(self.stages) or 'none'}")
-        WindowSpec.parse(self.window)
-        parse_duration_ms(self.allowed_lateness, "allowed lateness")
-        parse_duration_ms(self.dedup_horizon, "deduplication horizon")
+        if len(self.stages) > 1 and self.definition is None:
+            raise InvalidOptionError("silver and gold need a pipeline definition (--definition FILE, e.g. "
+                                     "pipelines/sensors.yaml); without one only bronze runs (--stages bronze)")
+        if not self.topics and not self.pattern:
+            raise InvalidOptionError("give the topics to ingest: a definition, --topic or --topic-pattern")
         if self.gold_partitions is not None and self.gold_partitions < 1:
             raise InvalidOptionError(f"gold partitions must be >= 1, got {self.gold_partitions}")
 
@@ -77,44 +83,57 @@ class PipelineConfig:
         )
 
     def build_stages(self) -> list:
-        """The stage objects :func:`streamlake.pipeline.driver.run_stages` runs, in order."""
+        """The stage objects :func:`streamlake.pipeline.driver.run_stages` runs, in order:
+        bronze, silver, one gold stage per aggregate. Applies the definition to the root
+        first (:func:`streamlake.pipeline.evolution.apply_definition`), which raises
+        IncompatibleDefinitionError when it would make existing tables wrong."""
         from streamlake.pipeline.gold import GoldStage
         from streamlake.pipeline.ingest import BronzeStage
         from streamlake.pipeline.silver import SilverStage
 
-        built = {
-            "bronze": lambda: BronzeStage(self.bronze_config()),
-            "silver": lambda: SilverStage(
-                self.table("bronze"), self.table("silver"), self.table("quarantine"), self.checkpoint("silver"),
-                dedup_horizon_s=parse_duration_ms(self.dedup_horizon) // 1000,
-                processing_time_s=self.processing_time_s, query_name=self.query_name),
-            "gold": lambda: GoldStage(
-                self.table("silver"), self.table("gold"), self.table("late_events"), self.checkpoint("gold"),
-                window=WindowSpec.parse(self.window), allowed_lateness_ms=parse_duration_ms(self.allowed_lateness),
-                partitions=self.gold_partitions, processing_time_s=self.processing_time_s,
-                query_name=self.query_name),
-        }
-        return [built[name]() for name in self.stages]
+        stages: list = [BronzeStage(self.bronze_config())]
+        d = self.definition
+        if d is None:
+            return stages
+        from streamlake.pipeline.evolution import apply_definition
+
+        apply_definition(self.root, d)
+        if "silver" in self.stages:
+            stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
+                                      self.checkpoint("silver"), processing_time_s=self.processing_time_s,
+                                      query_name=self.query_name))
+        if "gold" in self.stages:
+            stages += [GoldStage(d, agg, self.table("silver"), self.table(agg.gold_table), self.table(agg.late_table),
+                                 self.checkpoint(agg.stage), partitions=self.gold_partitions,
+                                 processing_time_s=self.processing_time_s, query_name=self.query_name)
+                       for agg in d.aggregates]
+        return stages
 
     def describe(self) -> str:
-        window = WindowSpec.parse(self.window)
-        lateness = format_duration_ms(parse_duration_ms(self.allowed_lateness))
         mode = "available-now" if self.available_now else f"every {self.processing_time_s:g} s"
-        return (f"{' -> '.join(self.stages)} from {', '.join(self.topics) or self.pattern} under {self.root}; "
-                f"{window} windows, allowed lateness {lateness}; {mode}")
+        what = f"pipeline {self.definition.name}" if self.definition else "bronze"
+        aggs = ""
+        if self.definition is not None and "gold" in self.stages:
+            aggs = "; " + ", ".join(f"gold/{a.name} ({a.window})" for a in self.definition.aggregates)
+        return (f"{what}: {' -> '.join(self.stages)} from {', '.join(self.topics) or self.pattern} under "
+                f"{self.root}{aggs}; {mode}")
 
 
-def add_pipeline_arguments(parser) -> None:
+def add_pipeline_arguments(parser, *, root_required: bool = True) -> None:
     """``streamlake pipeline run`` flags, shared with ``jobs/pipeline.py``."""
-    parser.add_argument("--topic", help="topic(s) to ingest, comma-separated")
-    parser.add_argument("--topic-pattern", help="regex of topics to ingest (instead of --topic)")
-    parser.add_argument("--root", required=True, help="directory of the pipeline's tables and checkpoints")
+    parser.add_argument("--definition", metavar="FILE",
+                        help="the pipeline definition (YAML, e.g. pipelines/orders.yaml): topics, fields, rules, "
+                             "aggregates")
+    parser.add_argument("--topic", help="bronze only, without a definition: topic(s) to ingest, comma-separated")
+    parser.add_argument("--topic-pattern", help="bronze only, without a definition: regex of topics to ingest")
+    parser.add_argument("--root", required=root_required, help="directory of the pipeline's tables and checkpoints")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--available-now", action="store_true",
                       help="process everything available at start through every stage, then stop (default)")
     mode.add_argument("--processing-time", type=float, metavar="SECONDS",
                       help="run continuously, one micro-batch per stage every SECONDS")
-    parser.add_argument("--stages", default=",".join(STAGES), help="bronze | bronze,silver | bronze,silver,gold")
+    parser.add_argument("--stages", help="bronze | bronze,silver | bronze,silver,gold (default: every stage the "
+                                         "definition has; bronze without one)")
     parser.add_argument("--max-offsets-per-trigger", type=int, help="bronze: at most N Kafka records per micro-batch")
     parser.add_argument("--min-partitions", type=int, help="bronze: split Kafka ranges into at least N tasks")
     parser.add_argument("--starting-offsets", default="earliest",
@@ -123,38 +142,48 @@ def add_pipeline_arguments(parser) -> None:
     parser.add_argument("--fail-on-data-loss", default="true", choices=["true", "false"])
     parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                         help="librdkafka client property (repeatable)")
-    parser.add_argument("--window", default="tumbling:1m",
-                        help="gold windows: tumbling:1m | sliding:5m,1m | session:30s (default tumbling:1m)")
-    parser.add_argument("--allowed-lateness", default="30s", help="watermark = max event time - this (default 30s)")
-    parser.add_argument("--dedup-horizon", default="24h", help="silver: event-time horizon of de-duplication")
-    parser.add_argument("--gold-partitions", type=int, help="gold: shuffle partitions of the aggregation")
-    parser.add_argument("--query-name", default="pipeline")
+    parser.add_argument("--gold-partitions", type=int, help="gold: shuffle partitions of the aggregations")
+    parser.add_argument("--query-name", default=None, help="name of the queries (default: the job's)")
 
 
 def config_from_args(args) -> PipelineConfig:
-    """PipelineConfig from parsed flags. Raises InvalidOptionError for bad combinations."""
+    """PipelineConfig from parsed flags. Raises InvalidOptionError (or DefinitionError) for
+    bad combinations."""
+    from streamlake.pipeline.definition import load_definition
     from streamlake.pipeline.ingest import parse_kafka_options
 
-    if bool(args.topic) == bool(args.topic_pattern):
-        raise InvalidOptionError("give exactly one of --topic or --topic-pattern")
+    definition = load_definition(args.definition) if args.definition else None
+    if definition is not None and (args.topic or args.topic_pattern):
+        raise InvalidOptionError("the definition names the topics: give --definition or --topic/--topic-pattern, "
+                                 "not both")
+    if definition is None and bool(args.topic) == bool(args.topic_pattern):
+        raise InvalidOptionError("give --definition FILE (the whole pipeline) or, for bronze only, exactly one of "
+                                 "--topic or --topic-pattern")
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages else None
     return PipelineConfig(
-        root=args.root, topics=tuple(t.strip() for t in (args.topic or "").split(",") if t.strip()),
-        pattern=args.topic_pattern, stages=tuple(s.strip() for s in args.stages.split(",") if s.strip()),
+        root=args.root, definition=definition,
+        topics=tuple(t.strip() for t in (args.topic or "").split(",") if t.strip()),
+        pattern=args.topic_pattern, stages=stages,
         starting_offsets=args.starting_offsets, starting_timestamp=args.starting_timestamp,
         processing_time_s=args.processing_time, max_offsets_per_trigger=args.max_offsets_per_trigger,
         min_partitions=args.min_partitions, fail_on_data_loss=args.fail_on_data_loss == "true",
-        kafka=parse_kafka_options(args.kafka_option), window=args.window, allowed_lateness=args.allowed_lateness,
-        dedup_horizon=args.dedup_horizon, gold_partitions=args.gold_partitions, query_name=args.query_name,
+        kafka=parse_kafka_options(args.kafka_option), gold_partitions=args.gold_partitions,
+        query_name=args.query_name or (definition.name if definition else "pipeline"),
     )
 
 
 def config_to_args(cfg: PipelineConfig) -> list[str]:
-    """Flags that :func:`config_from_args` turns back into ``cfg``."""
+    """Flags that :func:`config_from_args` turns back into ``cfg``. A definition travels as
+    its file (``cfg.definition.source``)."""
     args = ["--root", cfg.root, "--stages", ",".join(cfg.stages), "--starting-offsets", cfg.starting_offsets,
-            "--fail-on-data-loss", str(cfg.fail_on_data_loss).lower(), "--window", cfg.window,
-            "--allowed-lateness", cfg.allowed_lateness, "--dedup-horizon", cfg.dedup_horizon,
-            "--query-name", cfg.query_name]
-    args += ["--topic-pattern", cfg.pattern] if cfg.pattern else ["--topic", ",".join(cfg.topics)]
+            "--fail-on-data-loss", str(cfg.fail_on_data_loss).lower(), "--query-name", cfg.query_name]
+    if cfg.definition is not None:
+        if not cfg.definition.source:
+            raise InvalidOptionError(f"pipeline {cfg.definition.name}: a definition passed to spark-submit must come "
+                                     "from a file")
+        args += ["--definition", cfg.definition.source]
+    else:
+        args += ["--topic-pattern", cfg.pattern] if cfg.pattern else ["--topic", ",".join(cfg.topics)]
     if cfg.starting_timestamp is not None:
         args += ["--starting-timestamp", str(cfg.starting_timestamp)]
     args += ["--available-now"] if cfg.available_now else ["--processing-time", str(cfg.processing_time_s)]

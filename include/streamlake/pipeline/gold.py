@@ -1,23 +1,27 @@
-"""Gold: per sensor and event-time window, from silver, with every late event kept.
+"""Gold: one table per aggregate of the definition, from silver, with every late event kept.
 
-A streaming query on silver (``streamlake-delta`` source). Spark's own
-windowed aggregation would drop late rows and tie its state to the shuffle
-partitions of its first batch (see DESIGN.md); here the state is **gold
-itself** plus a **watermark** kept as a ``txn`` action of gold
-(``streamlake:watermark``, epoch ms), so any parallelism can continue it and
-savepoints, restores and restarts carry it. Each micro-batch:
+Each aggregate is its own streaming query on silver (``streamlake-delta``
+source, checkpoint ``_checkpoints/gold/<aggregate>``), so an aggregate added to
+a definition starts from silver's beginning and builds its table from all of
+silver, and aggregates never wait for each other. Spark's own windowed
+aggregation would drop late rows and tie its state to the shuffle partitions
+of its first batch (see DESIGN.md); here the state is **the gold table itself**
+plus a **watermark** kept as a ``txn`` action of it (``streamlake:watermark``,
+epoch ms), so any parallelism can continue it and savepoints, restores and
+restarts carry it. Each micro-batch:
 
 1. reads the watermark as of the batch's start (none before the first event);
 2. assigns every event its windows (:mod:`streamlake.pipeline.windows`); an
    (event, window) pair whose window end is at or before the watermark is
-   **late**: the event goes to ``late_events`` with the watermark it missed
-   and those windows, ``applied = false`` (a backfill applies it later);
-3. aggregates the on-time pairs per (sensor, window) in Spark, on
-   ``partitions`` shuffle partitions (count, exact decimal sum, min, max);
-4. combines them with the gold rows of those windows and writes them in **one
-   Delta merge**, whose ``txn`` actions hold the silver position consumed and
-   the new watermark (max event time of the batch minus the allowed lateness,
-   never moving back).
+   **late**: the event goes to ``late_events/<aggregate>`` with the watermark it
+   missed and those windows, ``applied = false`` (a backfill applies it later);
+3. aggregates the on-time pairs per key and window in Spark, on ``partitions``
+   shuffle partitions (:func:`streamlake.pipeline.measures.partial_columns`);
+4. combines them with the gold rows of those windows
+   (:func:`streamlake.pipeline.measures.combine`; sessions that touch merge) and
+   writes them in **one Delta merge**, whose ``txn`` actions hold the silver
+   position consumed and the new watermark (max event time of the batch minus
+   the allowed lateness, never moving back).
 
 Both writes are exactly once by position (:mod:`streamlake.pipeline.stage`).
 A backfill restating windows commits with the same position ``txn``, so a
@@ -29,18 +33,22 @@ decimals, so gold does not depend on batch boundaries or parallelism.
 from __future__ import annotations
 
 import datetime as dt
-import decimal
+import json
 import logging
+import os
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import ensure_table, files_overlapping, open_table, table_exists
+from streamlake.delta.table import TableSpec, ensure_table, files_overlapping, open_table, table_exists
+from streamlake.errors import InvalidOptionError
 from streamlake.faults import crash_point
-from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, SILVER, SUM_SCALE
+from streamlake.pipeline.definition import Aggregate, PipelineDefinition
+from streamlake.pipeline.measures import MAX_EVENT, combine, partial_columns
+from streamlake.pipeline.schemas import gold_spec, late_spec
+from streamlake.pipeline.silver import ensure_silver
 from streamlake.pipeline.stage import (
     BatchRange,
     DeltaFedStage,
@@ -56,53 +64,42 @@ log = logging.getLogger(__name__)
 WATERMARK_APP_ID = "streamlake:watermark"
 SOURCE = "silver"
 VERSION_COLUMN = "_commit_version"
-KEY = ("sensor_id", "window_start", "window_end")
-LATE_STATS = ("event_id", "sensor_id", "event_time", "topic", "partition", "offset", "silver_version", "applied")
+LINEAGE = ("topic", "partition", "offset")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_QUANTUM = decimal.Decimal(1).scaleb(-SUM_SCALE)
-# Windows as (sensor, start µs, end µs) with their aggregates, as Spark rows.
-GOLD_KEY_SCHEMA = (f"sensor_id string, _wstart long, _wend long, count long, sum_temperature decimal(38,{SUM_SCALE}), "
-                   "min_temperature double, max_temperature double")
 
 
-def ensure_gold(path: str, window: WindowSpec):
-    """Open or create gold for ``window``. The window definition is recorded in gold's
-    commits (``streamlake.window``, from the creating commit on), so backfills and checks
-    use the windows gold was built with. Raises InvalidOptionError if the existing gold
-    holds other windows (its rows would mean something else)."""
-    import os
-
+def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate):
+    """Open or create the aggregate's gold table. The window and the measures are recorded
+    in gold's creating commit (``streamlake.window``, ``streamlake.aggregate``), so backfills and
+    checks use what gold was built with. Raises InvalidOptionError if an existing gold holds
+    other windows (its rows would mean something else)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
-    from streamlake.errors import InvalidOptionError
-
+    spec = gold_spec(definition, aggregate)
     if not table_exists(path):
+        if table_exists(os.path.dirname(path)):
+            raise InvalidOptionError(f"{os.path.dirname(path)} is a gold table of an older StreamLake (one gold table "
+                                     "per pipeline); run this pipeline under a new root")
         os.makedirs(path, exist_ok=True)
         try:
-            DeltaTable.create(path, GOLD.schema, mode="ignore", partition_by=list(GOLD.partition_by), name=GOLD.name,
-                              description=GOLD.description, configuration=dict(GOLD.configuration),
+            DeltaTable.create(path, spec.schema, mode="ignore", partition_by=list(spec.partition_by), name=spec.name,
+                              description=spec.description, configuration=dict(spec.configuration),
                               commit_properties=CommitProperties(custom_metadata={"streamlake": {
-                                  "operation": "create", "window": str(window)}}))
+                                  "operation": "create", "window": str(aggregate.window),
+                                  "aggregate": aggregate.to_dict()}}))
         except CommitFailedError:
             pass  # another process created it first
-    table = ensure_table(path, GOLD)
+    table = ensure_table(path, spec)
     built = gold_window(path)
-    if built is not None and built != window:
-        raise InvalidOptionError(f"gold at {path} holds {built} windows; this job asks for {window}. Point the job "
-                                 "at a new root (or delete gold and its checkpoint to rebuild it from silver)")
+    if built is not None and built != aggregate.window:
+        raise InvalidOptionError(f"gold at {path} holds {built} windows; the definition asks for {aggregate.window}. "
+                                 "Give the aggregate a new name (it is built from silver) or use a new root")
     return table
 
 
 def gold_window(path: str) -> WindowSpec | None:
     """The windows the gold table at ``path`` was built with (None if it does not say)."""
-    import json
-    import os
-
-    for entry in open_table(path).history(limit=20):
-        window = (entry.get("streamlake") or {}).get("window")
-        if window:
-            return WindowSpec.parse(window)
     first = os.path.join(path, "_delta_log", f"{0:020d}.json")
     try:
         with open(first, encoding="utf-8") as fh:
@@ -116,7 +113,7 @@ def gold_window(path: str) -> WindowSpec | None:
 
 
 def watermark_ms(table) -> int | None:
-    """The gold table's watermark (epoch ms), or None before the first event."""
+    """A gold table's watermark (epoch ms), or None before the first event."""
     return table.transaction_version(WATERMARK_APP_ID)
 
 
@@ -124,157 +121,156 @@ def micros_to_datetime(micros: int) -> dt.datetime:
     return _EPOCH + dt.timedelta(microseconds=int(micros))
 
 
+def to_micros(value: dt.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return (value - _EPOCH) // dt.timedelta(microseconds=1)
+
+
 # -- Spark side -------------------------------------------------------------------------------
 
-def window_pairs(events, spec: WindowSpec):
+def window_pairs(events, spec: WindowSpec, event_time: str):
     """One row per (event, fixed window): columns ``_wstart``/``_wend`` (epoch µs)."""
     from pyspark.sql import functions as F
 
     size = spec.size_ms * 1000
     step = (spec.slide_ms or spec.size_ms) * 1000
-    t = F.unix_micros("event_time")
+    t = F.unix_micros(F.col(f"`{event_time}`"))
     last = t - F.pmod(t, F.lit(step))
     return (events.withColumn("_wstart", F.explode(F.sequence(last - F.lit(size - step), last, F.lit(step))))
             .withColumn("_wend", F.col("_wstart") + F.lit(size)))
 
 
-def aggregate(pairs, partitions: int | None):
-    """Per (sensor, window): count, exact sum, min, max; ``pairs`` has ``_wstart``/``_wend``."""
-
-    if partitions:
-        pairs = pairs.repartition(partitions, "sensor_id", "_wstart", "_wend")
-    return pairs.groupBy("sensor_id", "_wstart", "_wend").agg(*_aggregates())
-
-
-def _aggregates():
-    """count, exact sum, min, max of the temperature, and the newest event time (µs)."""
+def _keys(aggregate: Aggregate):
     from pyspark.sql import functions as F
 
-    return (F.count(F.lit(1)).alias("count"),
-            F.sum(F.col("temperature").cast(f"decimal(38,{SUM_SCALE})")).alias("sum_temperature"),
-            F.min("temperature").alias("min_temperature"),
-            F.max("temperature").alias("max_temperature"),
-            F.max(F.unix_micros("event_time")).alias("max_event_us"))
+    return [F.col(f"`{k}`") for k in aggregate.keys]
 
 
-def session_partials(events, spec: WindowSpec, partitions: int | None):
-    """Per sensor, the batch's own sessions (Spark's ``session_window``) with their aggregates."""
+def aggregate_fixed(pairs, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None):
+    """Partials per key and fixed window; ``pairs`` has ``_wstart``/``_wend``."""
+    keys = _keys(aggregate)
+    if partitions:
+        pairs = pairs.repartition(partitions, *keys, "_wstart", "_wend")
+    return pairs.groupBy(*keys, "_wstart", "_wend").agg(*partial_columns(definition, aggregate))
+
+
+def aggregate_sessions(events, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None):
+    """Per key, the batch's own sessions (Spark's ``session_window``) with their partials;
+    they still have to be merged with each other and with gold's where they touch."""
     from pyspark.sql import functions as F
 
+    keys = _keys(aggregate)
     if partitions:
-        events = events.repartition(partitions, "sensor_id")
-    grouped = events.groupBy("sensor_id", F.session_window("event_time", f"{spec.size_ms} milliseconds").alias("_s"))
-    return grouped.agg(*_aggregates()).select(
-        "sensor_id", F.unix_micros("_s.start").alias("_wstart"), F.unix_micros("_s.end").alias("_wend"),
-        "count", "sum_temperature", "min_temperature", "max_temperature", "max_event_us")
+        events = events.repartition(partitions, *keys) if keys else events.repartition(partitions)
+    gap = f"{aggregate.window.size_ms} milliseconds"
+    grouped = events.groupBy(*keys, F.session_window(F.col(f"`{definition.event_time}`"), gap).alias("_s"))
+    partial = grouped.agg(*partial_columns(definition, aggregate))
+    rest = [c for c in partial.columns if c not in ("_s", *aggregate.keys)]
+    return partial.select(*keys, F.unix_micros("_s.start").alias("_wstart"), F.unix_micros("_s.end").alias("_wend"),
+                          *rest)
 
 
 def partials_to_rows(partials) -> list[dict]:
-    """Collect aggregated windows (small: one row per touched window) as dicts."""
-    table = partials.toArrow()
-    return [{**r, "window_start": r.pop("_wstart"), "window_end": r.pop("_wend")} for r in table.to_pylist()]
+    """Collect aggregated windows (small: one row per touched window) as dicts with
+    ``window_start``/``window_end`` in epoch µs."""
+    return [{**r, "window_start": r.pop("_wstart"), "window_end": r.pop("_wend")}
+            for r in partials.toArrow().to_pylist()]
 
 
 # -- combining with gold ------------------------------------------------------------------------
 
-def _row(sensor: str, start: int, end: int, count: int, total: decimal.Decimal, low: float, high: float,
-         now: dt.datetime) -> dict:
-    total = decimal.Decimal(total).quantize(_QUANTUM)
-    return {"sensor_id": sensor, "window_start": micros_to_datetime(start), "window_end": micros_to_datetime(end),
-            "count": int(count), "sum_temperature": total, "min_temperature": float(low),
-            "max_temperature": float(high), "avg_temperature": float(total / count), "updated_at": now,
-            "window_date": micros_to_datetime(start).date()}
+def key_of(aggregate: Aggregate, row: dict) -> tuple:
+    return tuple(row[k] for k in aggregate.keys)
 
 
-def exact_temperature(value: float) -> decimal.Decimal:
-    """A temperature as the exact decimal gold sums: Spark's ``CAST(double AS DECIMAL(38,9))``
-    (the double's shortest decimal form, rounded half-up to 9 places)."""
-    return decimal.Decimal(repr(float(value))).quantize(_QUANTUM, rounding=decimal.ROUND_HALF_UP)
+def gold_row(definition: PipelineDefinition, aggregate: Aggregate, key: tuple, start_us: int, end_us: int,
+             parts: list[dict], now: dt.datetime) -> dict:
+    """A gold row for window ``[start, end)`` of ``key`` from the partial/gold rows it combines."""
+    start = micros_to_datetime(start_us)
+    return {**dict(zip(aggregate.keys, key)), "window_start": start, "window_end": micros_to_datetime(end_us),
+            **combine(definition, aggregate, parts), "updated_at": now, "window_date": start.date()}
 
 
-def _micros(value: dt.datetime) -> int:
-    return (value - _EPOCH) // dt.timedelta(microseconds=1)
-
-
-def read_gold_rows(table, sensors: set[str], low_us: int, high_us: int) -> list[dict]:
-    """Gold rows of ``sensors`` whose window overlaps or touches ``[low_us, high_us]``."""
+def read_gold_rows(table, spec: TableSpec, aggregate: Aggregate, keys: set[tuple] | None, low_us: int,
+                   high_us: int) -> list[dict]:
+    """Gold rows (of ``keys``; None: all) whose window overlaps or touches ``[low_us, high_us]``,
+    with ``window_start``/``window_end`` as datetimes."""
     low, high = micros_to_datetime(low_us), micros_to_datetime(high_us)
     files = files_overlapping(table, "window_end", low, None)
     if not files:
         return []
-    data = ds.dataset(files, format="parquet", schema=GOLD.file_schema)
-    flt = (ds.field("window_end") >= pa.scalar(low, GOLD.schema.field("window_end").type)) & \
-          (ds.field("window_start") <= pa.scalar(high, GOLD.schema.field("window_start").type))
+    data = ds.dataset(files, format="parquet", schema=spec.file_schema)
+    ts_type = spec.schema.field("window_end").type
+    flt = (ds.field("window_end") >= pa.scalar(low, ts_type)) & (ds.field("window_start") <= pa.scalar(high, ts_type))
     rows = data.to_table(filter=flt)
-    # Filter strings after reading: delta-rs writes string_view columns, whose statistics
-    # pyarrow cannot compare with a string literal inside a dataset scan.
-    rows = rows.filter(pc.is_in(rows.column("sensor_id").cast(pa.string()), pa.array(sorted(sensors), pa.string())))
-    return [{**r, "window_date": r["window_start"].date()} for r in rows.to_pylist()]
-
-
-def combine_fixed(existing: list[dict], partials: list[dict], now: dt.datetime) -> list[dict]:
-    """Gold rows after adding ``partials`` (fixed windows) to ``existing`` ones."""
-    have = {(r["sensor_id"], _micros(r["window_start"]), _micros(r["window_end"])): r for r in existing}
     out = []
-    for p in partials:
-        key = (p["sensor_id"], p["window_start"], p["window_end"])
-        old = have.get(key)
-        if old is None:
-            out.append(_row(*key, p["count"], p["sum_temperature"], p["min_temperature"], p["max_temperature"], now))
-        else:
-            out.append(_row(*key, old["count"] + p["count"], old["sum_temperature"] + p["sum_temperature"],
-                            min(old["min_temperature"], p["min_temperature"]),
-                            max(old["max_temperature"], p["max_temperature"]), now))
+    for r in rows.to_pylist():
+        if keys is None or key_of(aggregate, r) in keys:
+            out.append({**r, "window_date": r["window_start"].date()})
     return out
 
 
-def combine_sessions(existing: list[dict], partials: list[dict], gap_ms: int,
+def combine_fixed(definition, aggregate, existing: list[dict], partials: list[dict], now: dt.datetime) -> list[dict]:
+    """Gold rows after adding ``partials`` (fixed windows, µs bounds) to ``existing`` ones."""
+    have = {(key_of(aggregate, r), to_micros(r["window_start"]), to_micros(r["window_end"])): r for r in existing}
+    out = []
+    for p in partials:
+        key = key_of(aggregate, p)
+        old = have.get((key, p["window_start"], p["window_end"]))
+        out.append(gold_row(definition, aggregate, key, p["window_start"], p["window_end"],
+                            [p] if old is None else [old, p], now))
+    return out
+
+
+def combine_sessions(definition, aggregate, existing: list[dict], partials: list[dict],
                      now: dt.datetime) -> tuple[list[dict], list[dict]]:
-    """Merge new partial sessions with the overlapping/touching gold sessions, per sensor.
+    """Merge new partial sessions with the overlapping/touching gold sessions, per key.
 
     Returns (rows to upsert, rows to delete): a gold session absorbed into a
     bigger one is deleted; sessions are ``[first event, last event + gap)``."""
     upserts, deletes = [], []
-    by_sensor: dict[str, list[tuple[dict, bool]]] = {}
+    by_key: dict[tuple, list[tuple[dict, bool]]] = {}
     for r in existing:
-        by_sensor.setdefault(r["sensor_id"], []).append(({**r, "_s": _micros(r["window_start"]),
-                                                          "_e": _micros(r["window_end"])}, True))
+        by_key.setdefault(key_of(aggregate, r), []).append(
+            ({**r, "_s": to_micros(r["window_start"]), "_e": to_micros(r["window_end"])}, True))
     for p in partials:
-        by_sensor.setdefault(p["sensor_id"], []).append(({**p, "_s": p["window_start"], "_e": p["window_end"]}, False))
-    for sensor, items in by_sensor.items():
-        groups = merge_sessions([(r["_s"], r["_e"]) for r, _ in items], gap_ms)
-        for group in groups:
+        by_key.setdefault(key_of(aggregate, p), []).append(({**p, "_s": p["window_start"], "_e": p["window_end"]},
+                                                           False))
+    for key, items in by_key.items():
+        for group in merge_sessions([(r["_s"], r["_e"]) for r, _ in items], aggregate.window.size_ms):
             members = [items[i] for i in group]
             if all(is_old for _, is_old in members):
                 continue  # untouched gold session
-            start = min(r["_s"] for r, _ in members)
-            end = max(r["_e"] for r, _ in members)
-            merged = _row(sensor, start, end, sum(r["count"] for r, _ in members),
-                          sum((decimal.Decimal(r["sum_temperature"]) for r, _ in members), decimal.Decimal(0)),
-                          min(r["min_temperature"] for r, _ in members),
-                          max(r["max_temperature"] for r, _ in members), now)
-            upserts.append(merged)
+            start, end = min(r["_s"] for r, _ in members), max(r["_e"] for r, _ in members)
+            upserts.append(gold_row(definition, aggregate, key, start, end, [r for r, _ in members], now))
             for r, is_old in members:
                 if is_old and (r["_s"], r["_e"]) != (start, end):
-                    deletes.append({k: v for k, v in r.items() if not k.startswith("_")})
+                    deletes.append({k: v for k, v in r.items() if k not in ("_s", "_e")})
     return upserts, deletes
 
 
-def merge_into_gold(table, upserts: list[dict], deletes: list[dict], properties: CommitProperties) -> None:
-    """One Delta commit: a merge that updates or inserts ``upserts`` and deletes
-    ``deletes`` (by key); with neither, an empty commit carrying ``properties``
-    (a merge of nothing would not commit, and the position must advance)."""
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def merge_into_gold(table, spec: TableSpec, aggregate: Aggregate, upserts: list[dict], deletes: list[dict],
+                    properties: CommitProperties) -> None:
+    """One Delta commit: a merge that updates or inserts ``upserts`` and deletes ``deletes``
+    (by key and window); with neither, an empty commit carrying ``properties`` (a merge of
+    nothing would not commit, and the position must advance)."""
     if not upserts and not deletes:
-        table.create_write_transaction([], "append", GOLD.schema, partition_by=list(GOLD.partition_by),
+        table.create_write_transaction([], "append", spec.schema, partition_by=list(spec.partition_by),
                                        commit_properties=properties)
         return
-    source_rows = [{**r, "_op": "upsert"} for r in upserts] + [{**r, "_op": "delete"} for r in deletes]
-    schema = GOLD.schema.append(pa.field("_op", pa.string()))
-    source = pa.Table.from_pylist(source_rows, schema=schema)
-    columns = {name: f"s.{name}" for name in GOLD.schema.names}
-    (table.merge(source, "t.sensor_id = s.sensor_id AND t.window_start = s.window_start AND "
-                         "t.window_end = s.window_end AND t.window_date = s.window_date",
-                 source_alias="s", target_alias="t", commit_properties=properties)
+    names = spec.schema.names
+    source_rows = [{**{n: r.get(n) for n in names}, "_op": "upsert"} for r in upserts] + \
+                  [{**{n: r.get(n) for n in names}, "_op": "delete"} for r in deletes]
+    source = pa.Table.from_pylist(source_rows, schema=spec.schema.append(pa.field("_op", pa.string())))
+    columns = {_quoted(name): f"s.{_quoted(name)}" for name in names}
+    on = " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}"
+                      for c in (*aggregate.keys, "window_start", "window_end", "window_date"))
+    (table.merge(source, on, source_alias="s", target_alias="t", commit_properties=properties)
      .when_matched_delete(predicate="s._op = 'delete'")
      .when_matched_update(columns, predicate="s._op = 'upsert'")
      .when_not_matched_insert(columns, predicate="s._op = 'upsert'")
@@ -285,27 +281,34 @@ def merge_into_gold(table, upserts: list[dict], deletes: list[dict], properties:
 
 @dataclass
 class GoldStage(DeltaFedStage):
-    """The gold stage: silver -> gold (and late_events)."""
+    """The gold stage of one aggregate: silver -> gold/<aggregate> (and late_events/<aggregate>)."""
 
+    definition: PipelineDefinition
+    aggregate: Aggregate
     silver_path: str
     gold_path: str
     late_path: str
     checkpoint: str
-    window: WindowSpec
-    allowed_lateness_ms: int = 30_000
     partitions: int | None = None
     max_files_per_trigger: int | None = None
     processing_time_s: float | None = None
     query_name: str = "pipeline"
-    name: str = "gold"
     source: str = SOURCE
+
+    @property
+    def name(self) -> str:
+        return self.aggregate.stage
 
     @property
     def source_path(self) -> str:
         return self.silver_path
 
+    @property
+    def gold_spec(self) -> TableSpec:
+        return gold_spec(self.definition, self.aggregate)
+
     def outputs(self) -> dict[str, str]:
-        return {"gold": self.gold_path, "late_events": self.late_path}
+        return {self.aggregate.gold_table: self.gold_path, self.aggregate.late_table: self.late_path}
 
     def source_options(self) -> dict[str, str]:
         opts = {"includeCommitVersion": "true"}
@@ -313,52 +316,63 @@ class GoldStage(DeltaFedStage):
             opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
         return opts
 
+    def late_spec(self) -> TableSpec:
+        from streamlake.delta.table import evolve_table
+
+        return evolve_table(self.late_path, late_spec(self.definition, self.aggregate))[1]
+
     def prepare(self) -> None:
-        ensure_table(self.silver_path, SILVER)
-        ensure_gold(self.gold_path, self.window)
-        ensure_table(self.late_path, LATE_EVENTS)
+        ensure_silver(self.silver_path, self.definition)
+        ensure_gold(self.gold_path, self.definition, self.aggregate)
+        self.late_spec()
 
     def process(self, df, batch: BatchRange) -> dict:
         """Write one micro-batch of silver events to late_events and gold (module docstring).
 
         Spark runs two jobs on the batch (read once and cached): writing the late
         events and aggregating the on-time ones; the rest happens on the driver."""
-        gold = ensure_gold(self.gold_path, self.window)
-        plan = batch.plan(gold, self.source, "gold")
+        from pyspark.sql import functions as F
+
+        gold = ensure_gold(self.gold_path, self.definition, self.aggregate)
+        plan = batch.plan(gold, self.source, self.aggregate.gold_table)
         if not plan.write:
-            log.info("gold batch %d: already in gold, nothing to write", batch.batch_id)
+            log.info("%s batch %d: already in gold, nothing to write", self.name, batch.batch_id)
             return {"late": 0, "windows": 0, "watermark": watermark_ms(gold)}
         wm = watermark_ms(gold)
-        events = df.select("event_id", "sensor_id", "event_time", "temperature", "topic", "partition", "offset",
+        events = df.select(*[F.col(f"`{f}`") for f in self.definition.field_names], *LINEAGE,
                            VERSION_COLUMN).persist()
         try:
             late_windows, on_time = self._classify(events, wm)
-            late = append_batch(self.late_path, LATE_EVENTS, self._late_rows(late_windows, wm, batch), batch,
+            late = append_batch(self.late_path, self.late_spec(), self._late_rows(late_windows, wm, batch), batch,
                                 source=self.source, stage=self.name, version_column=VERSION_COLUMN,
-                                stats_columns=LATE_STATS)
+                                stats_columns=self._late_stats())
             partials = self._partials(plan.rows(on_time, VERSION_COLUMN))
             new_wm = wm
-            newest = max((p["max_event_us"] for p in partials), default=None)
+            newest = max((p[MAX_EVENT] for p in partials if p[MAX_EVENT] is not None), default=None)
             if newest is not None:  # late events are behind the watermark: only on-time ones can move it
-                candidate = newest // 1000 - self.allowed_lateness_ms
+                candidate = newest // 1000 - self.aggregate.allowed_lateness_ms
                 new_wm = candidate if wm is None else max(wm, candidate)
             windows = self._commit(batch, partials, new_wm)
         finally:
             events.unpersist()
         return {"late": late.rows if late else 0, "windows": windows, "watermark": new_wm}
 
+    def _late_stats(self) -> tuple[str, ...]:
+        ids = (self.definition.event_id,) if self.definition.event_id else ()
+        return (*ids, self.definition.event_time, *self.aggregate.keys, *LINEAGE, "silver_version", "applied")
+
     def _classify(self, events, wm: int | None):
         """(late (event, window) pairs, on-time pairs or events) against watermark ``wm``."""
         from pyspark.sql import functions as F
 
-        if self.window.is_session:
-            gap = self.window.size_ms * 1000
-            end = F.unix_micros("event_time") + F.lit(gap)
-            is_late = F.lit(False) if wm is None else end <= F.lit(wm * 1000)
-            late = (events.where(is_late).withColumn("_wstart", F.unix_micros("event_time"))
-                    .withColumn("_wend", F.col("_wstart") + F.lit(gap)))
+        window = self.aggregate.window
+        t = F.unix_micros(F.col(f"`{self.definition.event_time}`"))
+        if window.is_session:
+            gap = window.size_ms * 1000
+            is_late = F.lit(False) if wm is None else (t + F.lit(gap)) <= F.lit(wm * 1000)
+            late = events.where(is_late).withColumn("_wstart", t).withColumn("_wend", F.col("_wstart") + F.lit(gap))
             return late, events.where(~is_late)
-        pairs = window_pairs(events, self.window)
+        pairs = window_pairs(events, window, self.definition.event_time)
         is_late = F.lit(False) if wm is None else F.col("_wend") <= F.lit(wm * 1000)
         return pairs.where(is_late), pairs.where(~is_late)
 
@@ -367,49 +381,56 @@ class GoldStage(DeltaFedStage):
         from pyspark.sql import functions as F
 
         arrived = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
-        cols = ["event_id", "sensor_id", "event_time", "temperature", "topic", "partition", "offset", VERSION_COLUMN]
         window = F.struct(F.timestamp_micros("_wstart").alias("start"), F.timestamp_micros("_wend").alias("end"))
-        return (late_pairs.groupBy(*cols).agg(F.array_sort(F.collect_list(window)).alias("windows"))
-                .select(*cols[:-1],
-                        F.lit(micros_to_datetime((wm or 0) * 1000)).cast("timestamp").alias("watermark"),
-                        "windows", F.col(VERSION_COLUMN).alias("silver_version"),
-                        F.lit(batch.batch_id).cast("long").alias("batch_id"),
-                        F.lit(arrived).cast("timestamp").alias("arrived_at"),
-                        F.lit(False).alias("applied"), F.lit(None).cast("timestamp").alias("applied_at"),
-                        F.lit(None).cast("string").alias("applied_by"),
-                        F.to_date("event_time").alias("event_date"), VERSION_COLUMN))
+        fields = self.definition.field_names
+        grouped = late_pairs.groupBy(*LINEAGE, VERSION_COLUMN).agg(
+            *[F.first(F.col(f"`{f}`")).alias(f) for f in fields], F.array_sort(F.collect_list(window)).alias("windows"))
+        return grouped.select(
+            *[F.col(f"`{f}`") for f in fields], *LINEAGE,
+            F.lit(micros_to_datetime((wm or 0) * 1000)).cast("timestamp").alias("watermark"),
+            "windows", F.col(VERSION_COLUMN).alias("silver_version"),
+            F.lit(batch.batch_id).cast("long").alias("batch_id"),
+            F.lit(arrived).cast("timestamp").alias("arrived_at"),
+            F.lit(False).alias("applied"), F.lit(None).cast("timestamp").alias("applied_at"),
+            F.lit(None).cast("string").alias("applied_by"),
+            F.to_date(F.col(f"`{self.definition.event_time}`")).alias("event_date"), VERSION_COLUMN)
 
     def _partials(self, on_time) -> list[dict]:
-        if self.window.is_session:
-            return partials_to_rows(session_partials(on_time, self.window, self.partitions))
-        return partials_to_rows(aggregate(on_time, self.partitions))
+        if self.aggregate.window.is_session:
+            return partials_to_rows(aggregate_sessions(on_time, self.definition, self.aggregate, self.partitions))
+        return partials_to_rows(aggregate_fixed(on_time, self.definition, self.aggregate, self.partitions))
 
     def _commit(self, batch: BatchRange, partials: list[dict], new_wm: int | None) -> int:
         """Merge the partials into gold as one commit (re-planned if a backfill commits first)."""
+        spec = self.gold_spec
+
         def attempt(_n: int) -> int:
             gold = open_table(self.gold_path)
-            if not batch.plan(gold, self.source, "gold").write:
+            if not batch.plan(gold, self.source, self.aggregate.gold_table).write:
                 return 0  # committed by an earlier attempt whose result we did not see
             now = dt.datetime.now(dt.timezone.utc)
-            upserts, deletes = self._combined(gold, partials, now)
+            upserts, deletes = self._combined(gold, spec, partials, now)
             extra = {WATERMARK_APP_ID: new_wm} if new_wm is not None else {}
             properties = CommitProperties(
                 app_transactions=stage_transactions(self.source, batch, extra),
                 custom_metadata=commit_metadata(self.name, batch, self.source, f"merge-{batch.batch_id}",
-                                                windows=len(upserts), watermark=new_wm, window=str(self.window)))
-            merge_into_gold(gold, upserts, deletes, properties)
+                                                windows=len(upserts), watermark=new_wm,
+                                                window=str(self.aggregate.window)))
+            merge_into_gold(gold, spec, self.aggregate, upserts, deletes, properties)
             crash_point("after_commit_gold", batch.batch_id)
             return len(upserts)
 
-        return with_commit_retries(f"gold batch {batch.batch_id}", attempt)
+        return with_commit_retries(f"{self.name} batch {batch.batch_id}", attempt)
 
-    def _combined(self, gold, partials: list[dict], now: dt.datetime) -> tuple[list[dict], list[dict]]:
+    def _combined(self, gold, spec: TableSpec, partials: list[dict],
+                  now: dt.datetime) -> tuple[list[dict], list[dict]]:
         if not partials:
             return [], []
-        sensors = {p["sensor_id"] for p in partials}
+        keys = {key_of(self.aggregate, p) for p in partials}
         low = min(p["window_start"] for p in partials)
         high = max(p["window_end"] for p in partials)
-        existing = read_gold_rows(gold, sensors, low, high)
-        if self.window.is_session:
-            return combine_sessions(existing, partials, self.window.size_ms, now)
-        return combine_fixed(existing, partials, now), []
+        existing = read_gold_rows(gold, spec, self.aggregate, keys, low, high)
+        if self.aggregate.window.is_session:
+            return combine_sessions(self.definition, self.aggregate, existing, partials, now)
+        return combine_fixed(self.definition, self.aggregate, existing, partials, now), []
+

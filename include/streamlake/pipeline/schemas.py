@@ -1,4 +1,4 @@
-"""The pipeline's tables: schemas, layouts and the quarantine's reason codes.
+"""The pipeline's tables: schemas and layouts, derived from a pipeline definition.
 
 One place for the contracts every stage, check, quality suite and test relies
 on. Times are UTC timestamps in microseconds. Lineage columns (``topic``,
@@ -6,23 +6,25 @@ on. Times are UTC timestamps in microseconds. Lineage columns (``topic``,
 bronze row can be followed to exactly one place downstream.
 
 ``bronze``
-    Kafka records as they arrived (see :mod:`streamlake.pipeline.bronze`).
+    Kafka records as they arrived (:mod:`streamlake.pipeline.bronze`); the same
+    for every pipeline.
 ``silver``
-    typed, validated, de-duplicated events, partitioned by ``event_date``;
-    ``bronze_version`` is the bronze commit the row was read from.
+    the definition's fields with their declared types, then lineage,
+    ``kafka_timestamp``, ``bronze_version`` (the bronze commit the row was read
+    from), partitioned by ``event_date`` (UTC date of the event time).
 ``quarantine``
     every bronze record that is not a valid event, with the raw key and value,
-    a reason code from :data:`QUARANTINE_REASONS` and a readable message.
-``gold``
-    per sensor and event-time window: count, sum, min, max and average of the
-    temperature. The sum is an exact decimal (each temperature rounded half-up
-    to :data:`SUM_SCALE` decimal places, then added without error), so windows
-    combine exactly and gold does not depend on how events were split into
-    micro-batches or partitions; ``avg_temperature`` is ``sum / count`` as a
-    double. Keyed by (``sensor_id``, ``window_start``, ``window_end``).
-``late_events``
-    events whose window(s) had already closed when they arrived (window end
-    at or before the watermark), with the watermark they missed and the
+    a reason code (the definition's :meth:`~streamlake.pipeline.definition.PipelineDefinition.quarantine_reasons`)
+    and a readable message; the same layout for every pipeline.
+``gold/<aggregate>``
+    per key and event-time window: the aggregate's measures, plus bookkeeping
+    columns that let windows combine exactly however events were split into
+    micro-batches (``_events``: events in the window; for each ``avg`` measure
+    its exact sum ``_sum_<m>`` and count ``_count_<m>``). Sums are exact
+    decimals (:attr:`~streamlake.pipeline.types.FieldType.sum_type`).
+``late_events/<aggregate>``
+    events whose window(s) had already closed when they arrived (window end at
+    or before the aggregate's watermark), with the watermark they missed and the
     windows they belong to; ``applied`` turns true when a backfill restated
     those windows.
 """
@@ -32,38 +34,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 from streamlake.delta.table import TableSpec
-
-TS = pa.timestamp("us", tz="UTC")
-
-# Reason codes of quarantined records, in the order validation checks them: a
-# record gets the first that applies.
-QUARANTINE_REASONS: dict[str, str] = {
-    "not_json": "the value is not valid JSON (or is empty)",
-    "not_object": "the value is JSON but not an object",
-    "missing_field": "event_id, sensor_id, event_time or temperature is missing or null",
-    "wrong_type": "a field has the wrong JSON type (event_id, sensor_id and event_time must be strings, "
-                  "temperature a number, not a string or boolean)",
-    "empty_field": "event_id or sensor_id is an empty string",
-    "invalid_timestamp": "event_time is not an ISO-8601 timestamp with a UTC offset",
-    "out_of_range": "temperature is outside -60..80 °C",
-    "far_future": "event_time is more than 1 hour after the record's Kafka timestamp",
-}
-TEMPERATURE_RANGE = (-60.0, 80.0)
-SUM_SCALE = 9
-SUM_TYPE = pa.decimal128(38, SUM_SCALE)
-MAX_FUTURE_SECONDS = 3600
+from streamlake.pipeline.definition import Aggregate, Measure, PipelineDefinition
+from streamlake.pipeline.types import TS, FieldType
 
 LINEAGE = [("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())]
-
-SILVER = TableSpec(
-    name="silver",
-    schema=pa.schema([
-        ("event_id", pa.string()), ("sensor_id", pa.string()), ("event_time", TS), ("temperature", pa.float64()),
-        *LINEAGE, ("kafka_timestamp", TS), ("bronze_version", pa.int64()), ("event_date", pa.date32()),
-    ]),
-    partition_by=("event_date",),
-    description="typed, validated, de-duplicated sensor events",
-)
+EVENTS_COLUMN = "_events"
+WINDOW_TYPE = pa.struct([("start", TS), ("end", TS)])
 
 QUARANTINE = TableSpec(
     name="quarantine",
@@ -76,31 +52,85 @@ QUARANTINE = TableSpec(
     description="bronze records that are not valid events, with the reason",
 )
 
-WINDOW_TYPE = pa.struct([("start", TS), ("end", TS)])
+SILVER_EXTRA = [*LINEAGE, ("kafka_timestamp", TS), ("bronze_version", pa.int64()), ("event_date", pa.date32())]
+LATE_EXTRA = [*LINEAGE, ("watermark", TS), ("windows", pa.list_(WINDOW_TYPE)), ("silver_version", pa.int64()),
+              ("batch_id", pa.int64()), ("arrived_at", TS), ("applied", pa.bool_()), ("applied_at", TS),
+              ("applied_by", pa.string()), ("event_date", pa.date32())]
 
-GOLD = TableSpec(
-    name="gold",
-    schema=pa.schema([
-        ("sensor_id", pa.string()), ("window_start", TS), ("window_end", TS),
-        ("count", pa.int64()), ("sum_temperature", SUM_TYPE), ("min_temperature", pa.float64()),
-        ("max_temperature", pa.float64()), ("avg_temperature", pa.float64()),
-        ("updated_at", TS), ("window_date", pa.date32()),
-    ]),
-    partition_by=("window_date",),
-    description="per sensor and event-time window: count, sum, min, max, average temperature",
-)
 
-LATE_EVENTS = TableSpec(
-    name="late_events",
-    schema=pa.schema([
-        ("event_id", pa.string()), ("sensor_id", pa.string()), ("event_time", TS), ("temperature", pa.float64()),
-        *LINEAGE, ("watermark", TS), ("windows", pa.list_(WINDOW_TYPE)), ("silver_version", pa.int64()),
-        ("batch_id", pa.int64()), ("arrived_at", TS), ("applied", pa.bool_()), ("applied_at", TS),
-        ("applied_by", pa.string()), ("event_date", pa.date32()),
-    ]),
-    partition_by=("event_date",),
-    description="events that arrived after their window closed, kept until a backfill applies them",
-)
+def silver_spec(definition: PipelineDefinition) -> TableSpec:
+    return TableSpec(
+        name="silver",
+        schema=pa.schema([(f.name, f.type.arrow) for f in definition.fields] + SILVER_EXTRA),
+        partition_by=("event_date",),
+        description=f"{definition.name}: typed, validated, de-duplicated events",
+    )
 
-TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (SILVER, QUARANTINE, GOLD, LATE_EVENTS)}
-STAGES = ("bronze", "silver", "gold")
+
+def late_spec(definition: PipelineDefinition, aggregate: Aggregate) -> TableSpec:
+    return TableSpec(
+        name=aggregate.late_table,
+        schema=pa.schema([(f.name, f.type.arrow) for f in definition.fields] + LATE_EXTRA),
+        partition_by=("event_date",),
+        description=f"{definition.name}: events that arrived after their {aggregate.name} window closed, "
+                    "kept until a backfill applies them",
+    )
+
+
+def measure_type(definition: PipelineDefinition, measure: Measure) -> FieldType | None:
+    """The type of a measure's output column (None: bigint count, double average)."""
+    if measure.function in ("count", "avg"):
+        return None
+    ftype = definition.field(measure.field).type
+    return ftype.sum_type if measure.function == "sum" else ftype
+
+
+def measure_columns(definition: PipelineDefinition, aggregate: Aggregate) -> list[tuple[str, pa.DataType]]:
+    """The measures' columns, then the bookkeeping columns (see the module docstring)."""
+    out = []
+    for m in aggregate.measures:
+        if m.function == "count":
+            out.append((m.column, pa.int64()))
+        elif m.function == "avg":
+            out.append((m.column, pa.float64()))
+        else:
+            out.append((m.column, measure_type(definition, m).arrow))
+    out.append((EVENTS_COLUMN, pa.int64()))
+    for m in aggregate.measures:
+        if m.function == "avg":
+            out += [(f"_sum_{m.column}", definition.field(m.field).type.sum_type.arrow),
+                    (f"_count_{m.column}", pa.int64())]
+    return out
+
+
+def gold_spec(definition: PipelineDefinition, aggregate: Aggregate) -> TableSpec:
+    keys = [(k, definition.field(k).type.arrow) for k in aggregate.keys]
+    return TableSpec(
+        name=aggregate.gold_table,
+        schema=pa.schema(keys + [("window_start", TS), ("window_end", TS)] + measure_columns(definition, aggregate)
+                         + [("updated_at", TS), ("window_date", pa.date32())]),
+        partition_by=("window_date",),
+        description=f"{definition.name}: {aggregate.name} per {', '.join(aggregate.keys) or 'window'} and "
+                    f"{aggregate.window} window",
+    )
+
+
+def table_spec(definition: PipelineDefinition, name: str) -> TableSpec:
+    """The spec of one of the pipeline's tables by name (``silver``, ``gold/<aggregate>``, ...).
+    Raises KeyError for a table the pipeline does not have."""
+    from streamlake.pipeline.bronze import BRONZE
+
+    if name == "bronze":
+        return BRONZE
+    if name == "silver":
+        return silver_spec(definition)
+    if name == "quarantine":
+        return QUARANTINE
+    kind, _, agg = name.partition("/")
+    for aggregate in definition.aggregates:
+        if aggregate.name == agg and kind == "gold":
+            return gold_spec(definition, aggregate)
+        if aggregate.name == agg and kind == "late_events":
+            return late_spec(definition, aggregate)
+    raise KeyError(f"pipeline {definition.name} has no table {name!r} (its tables: "
+                   f"{', '.join(definition.table_names())})")

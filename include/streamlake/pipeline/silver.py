@@ -1,24 +1,27 @@
-"""Silver: typed, validated, de-duplicated events from bronze; everything else to quarantine.
+"""Silver: a definition's typed, validated, de-duplicated events from bronze; everything else to quarantine.
 
 A streaming query on the bronze table (``streamlake-delta`` source). Each
 micro-batch:
 
-1. parses every bronze record (:func:`streamlake.pipeline.validation.parse_events`);
+1. parses every bronze record into the definition's typed fields
+   (:func:`streamlake.pipeline.validation.parse_events`);
 2. appends the records that are not valid events to ``quarantine`` with their
    reason, raw key and value, and lineage;
-3. removes duplicate event ids: within the batch the first record wins
-   (Kafka timestamp, then topic, partition, offset), and an event whose id is
-   already in silver with an event time within the **deduplication horizon**
-   (default 24 hours) of its own is dropped. The lookup reads only silver files
-   whose event-time statistics overlap the batch's events +/- the horizon, so
-   its cost follows the horizon's volume, not the table's;
+3. with an ``event_id`` in the definition, removes duplicates: within the batch
+   the first record of an id wins (Kafka timestamp, then topic, partition,
+   offset), and an event whose id silver already holds with an event time
+   within the **deduplication horizon** (``dedup_horizon``, default 24 hours)
+   of its own is dropped. The lookup reads only silver files whose event-time
+   statistics overlap the batch's events +/- the horizon, so its cost follows
+   the horizon's volume, not the table's;
 4. appends the remaining events to ``silver``.
 
 Both appends are exactly once (:mod:`streamlake.pipeline.stage`). Every bronze
 row therefore ends up in exactly one of silver, quarantine, or the dropped
 duplicates (whose event id is in silver under another lineage), which the
-pipeline check verifies by lineage. Counts per batch (records, valid,
-quarantined, duplicates) go to the progress line.
+pipeline check verifies by lineage. A field added to the definition (optional)
+is added to silver as a column; earlier rows read it as null. Counts per batch
+(valid, quarantined, duplicates) go to the progress line.
 """
 
 from __future__ import annotations
@@ -31,31 +34,45 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from streamlake.delta.table import ensure_table, files_overlapping
+from streamlake.delta.table import ensure_table, evolve_table, files_overlapping
 from streamlake.pipeline import bronze as bronze_table
-from streamlake.pipeline.schemas import QUARANTINE, SILVER
+from streamlake.pipeline.definition import PipelineDefinition
+from streamlake.pipeline.schemas import QUARANTINE, silver_spec
 from streamlake.pipeline.stage import BatchRange, DeltaFedStage, append_batch
-from streamlake.pipeline.validation import parse_events
+from streamlake.pipeline.validation import BRONZE, MESSAGE, REASON, parse_events
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEDUP_HORIZON_S = 24 * 3600
 SOURCE = "bronze"
-SILVER_STATS = ("event_id", "event_time", "sensor_id", "topic", "partition", "offset", "bronze_version")
+LINEAGE = ("topic", "partition", "offset")
 QUARANTINE_STATS = ("topic", "partition", "offset", "reason", "bronze_version")
 VERSION_COLUMN = "_commit_version"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def silver_stats_columns(definition: PipelineDefinition) -> tuple[str, ...]:
+    """Columns with min/max statistics in silver's log: event time (backfills, checks and
+    de-duplication prune by it), event id, lineage and bronze version (accounting)."""
+    ids = (definition.event_id,) if definition.event_id else ()
+    return (*ids, definition.event_time, *LINEAGE, "bronze_version")
+
+
+def ensure_silver(path: str, definition: PipelineDefinition):
+    """Open or create silver for ``definition`` (adding columns of fields added since);
+    returns (table, spec in the table's column order)."""
+    return evolve_table(path, silver_spec(definition))
 
 
 @dataclass
 class SilverStage(DeltaFedStage):
-    """The silver stage of a pipeline rooted at ``root`` (tables ``bronze``, ``silver``,
-    ``quarantine``; checkpoint ``_checkpoints/silver``)."""
+    """The silver stage of a pipeline (tables ``bronze``, ``silver``, ``quarantine``;
+    checkpoint ``_checkpoints/silver``)."""
 
+    definition: PipelineDefinition
     bronze_path: str
     silver_path: str
     quarantine_path: str
     checkpoint: str
-    dedup_horizon_s: int = DEFAULT_DEDUP_HORIZON_S
     max_files_per_trigger: int | None = None
     processing_time_s: float | None = None
     query_name: str = "pipeline"
@@ -65,6 +82,10 @@ class SilverStage(DeltaFedStage):
     @property
     def source_path(self) -> str:
         return self.bronze_path
+
+    @property
+    def dedup_horizon_us(self) -> int:
+        return self.definition.dedup_horizon_ms * 1000
 
     def outputs(self) -> dict[str, str]:
         return {"silver": self.silver_path, "quarantine": self.quarantine_path}
@@ -77,53 +98,75 @@ class SilverStage(DeltaFedStage):
 
     def prepare(self) -> None:
         bronze_table.ensure_bronze_table(self.bronze_path)
-        ensure_table(self.silver_path, SILVER)
+        ensure_silver(self.silver_path, self.definition)
         ensure_table(self.quarantine_path, QUARANTINE)
 
     def process(self, df, batch: BatchRange) -> dict:
         """Write one micro-batch of bronze rows to quarantine and silver (see the module docstring).
 
-        Spark runs three jobs on the batch (read once and cached): collecting the
+        Spark runs three jobs on the batch (parsed once and cached): collecting the
         valid events' ids and times for de-duplication, writing quarantine,
         writing silver; the counts come from the written files."""
         from pyspark.sql import functions as F
 
-        parsed = parse_events(df.withColumnRenamed("timestamp", "kafka_timestamp")).persist()
+        d = self.definition
+        _table, spec = ensure_silver(self.silver_path, d)
+        parsed = parse_events(df, d).persist()
         try:
             batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
-            rejected = parsed.where(F.col("reason").isNotNull()).select(
-                "topic", "partition", "offset", "kafka_timestamp", "key", "value", "reason", "message",
-                F.col(VERSION_COLUMN).alias("bronze_version"),
-                F.lit(batch_time).cast("timestamp").alias("quarantined_at"), "ingest_date", VERSION_COLUMN)
-            valid = parsed.where(F.col("reason").isNull())
-            candidates = valid.select("event_id", F.unix_micros("event_time").alias("t"),
-                                      F.unix_micros("kafka_timestamp").alias("kt"), "topic", "partition",
-                                      "offset").toArrow()
-            dropped = self.duplicates(candidates)
-            if dropped.num_rows:
-                drop = df.sparkSession.createDataFrame(dropped.to_pylist(), "topic string, partition int, offset long")
-                valid = valid.join(F.broadcast(drop), ["topic", "partition", "offset"], "left_anti")
+            rejected = parsed.where(F.col(REASON).isNotNull()).select(
+                *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE],
+                F.col(f"{BRONZE}.timestamp").alias("kafka_timestamp"), F.col(f"{BRONZE}.key").alias("key"),
+                F.col(f"{BRONZE}.value").alias("value"), F.col(REASON).alias("reason"),
+                F.col(MESSAGE).alias("message"), F.col(f"{BRONZE}.{VERSION_COLUMN}").alias("bronze_version"),
+                F.lit(batch_time).cast("timestamp").alias("quarantined_at"),
+                F.col(f"{BRONZE}.ingest_date").alias("ingest_date"),
+                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
+            valid = parsed.where(F.col(REASON).isNull())
+            dropped = pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
+                                                                  ("offset", pa.int64()))})
+            candidates = 0
+            if d.event_id:
+                ids = valid.select(F.col(f"`{d.event_id}`").cast("string").alias("event_id"),
+                                   F.unix_micros(F.col(f"`{d.event_time}`")).alias("t"),
+                                   F.unix_micros(f"{BRONZE}.timestamp").alias("kt"),
+                                   *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE]).toArrow()
+                candidates = ids.num_rows
+                dropped = self.duplicates(ids)
+                if dropped.num_rows:
+                    drop = df.sparkSession.createDataFrame(dropped.to_pylist(),
+                                                           "topic string, partition int, offset long")
+                    lineage = [F.col(f"{BRONZE}.{c}") == F.col(f"_d.{c}") for c in LINEAGE]
+                    valid = valid.join(F.broadcast(drop.alias("_d")), lineage[0] & lineage[1] & lineage[2],
+                                       "left_anti")
             events = valid.select(
-                "event_id", "sensor_id", "event_time", "temperature", "topic", "partition", "offset",
-                "kafka_timestamp", F.col(VERSION_COLUMN).alias("bronze_version"),
-                F.to_date("event_time").alias("event_date"), VERSION_COLUMN)
+                *[F.col(f"`{f.name}`") for f in d.fields],
+                *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE],
+                F.col(f"{BRONZE}.timestamp").alias("kafka_timestamp"),
+                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias("bronze_version"),
+                F.to_date(F.col(f"`{d.event_time}`")).alias("event_date"),
+                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
             quarantined = append_batch(self.quarantine_path, QUARANTINE, rejected, batch, source=self.source,
                                        stage=self.name, version_column=VERSION_COLUMN,
                                        stats_columns=QUARANTINE_STATS)
-            written = append_batch(self.silver_path, SILVER, events, batch, source=self.source, stage=self.name,
-                                   version_column=VERSION_COLUMN, stats_columns=SILVER_STATS,
-                                   metadata={"valid": candidates.num_rows, "duplicates": dropped.num_rows})
+            written = append_batch(self.silver_path, spec, events, batch, source=self.source, stage=self.name,
+                                   version_column=VERSION_COLUMN, stats_columns=silver_stats_columns(d),
+                                   metadata={"duplicates": dropped.num_rows})
         finally:
             parsed.unpersist()
-        return {"valid": candidates.num_rows, "quarantined": quarantined.rows if quarantined else 0,
-                "events": written.rows if written else 0, "duplicates": dropped.num_rows}
+        events_written = written.rows if written else 0
+        return {"valid": events_written + dropped.num_rows if d.event_id else events_written,
+                "quarantined": quarantined.rows if quarantined else 0, "events": events_written,
+                "duplicates": dropped.num_rows, "candidates": candidates}
 
     def duplicates(self, candidates: pa.Table) -> pa.Table:
         """Lineage (topic, partition, offset) of the valid records to drop: all but the first
         record of an event id in the batch (Kafka timestamp, then lineage), and every
-        record whose event id silver already holds within the horizon of its event time."""
+        record whose event id silver already holds within the horizon of its event time.
+        ``candidates`` has columns event_id (as text), t (event time, µs), kt (Kafka
+        timestamp, µs) and lineage."""
         if not candidates.num_rows:
-            return candidates.select(["topic", "partition", "offset"])
+            return candidates.select(list(LINEAGE))
         ordered = candidates.append_column("_i", pa.array(range(candidates.num_rows), pa.int64())).sort_by(
             [("event_id", "ascending"), ("kt", "ascending"), ("topic", "ascending"), ("partition", "ascending"),
              ("offset", "ascending")])
@@ -135,35 +178,35 @@ class SilverStage(DeltaFedStage):
         known = self._known_in_silver(keep)
         if known:
             drop = pc.or_(drop, pc.and_(first, pc.is_in(ids, value_set=pa.array(sorted(known), pa.string()))))
-        return ordered.filter(drop).select(["topic", "partition", "offset"])
+        return ordered.filter(drop).select(list(LINEAGE))
 
     def _known_in_silver(self, events: pa.Table) -> set[str]:
         """Event ids of ``events`` (columns event_id, t) that silver already holds with an
         event time within the horizon of theirs; reads only overlapping files."""
         if not events.num_rows:
             return set()
-        horizon = self.dedup_horizon_s * 1_000_000
+        d = self.definition
+        horizon = self.dedup_horizon_us
         times = events.column("t")
         low, high = pc.min(times).as_py(), pc.max(times).as_py()
-        files = files_overlapping(ensure_table(self.silver_path, SILVER), "event_time",
-                                  from_micros(low - horizon), from_micros(high + horizon))
+        table, spec = ensure_silver(self.silver_path, d)
+        files = files_overlapping(table, d.event_time, from_micros(low - horizon), from_micros(high + horizon))
         if not files:
             return set()
         wanted = pa.array(events.column("event_id").to_pylist(), pa.string())
-        found = ds.dataset(files, format="parquet", schema=SILVER.file_schema).to_table(
-            columns=["event_id", "event_time"])
-        found = found.filter(pc.is_in(found.column("event_id").cast(pa.string()), wanted))
+        found = ds.dataset(files, format="parquet", schema=spec.file_schema).to_table(
+            columns=[d.event_id, d.event_time])
+        found_ids = found.column(d.event_id).cast(pa.string())
+        found = pa.table({"event_id": found_ids, "t": found.column(d.event_time)})
+        found = found.filter(pc.is_in(found.column("event_id"), wanted))
         if not found.num_rows:
             return set()
         mine = dict(zip(events.column("event_id").to_pylist(), events.column("t").to_pylist()))
-        return {i for i, t in zip(found.column("event_id").to_pylist(), found.column("event_time").to_pylist())
+        return {i for i, t in zip(found.column("event_id").to_pylist(), found.column("t").to_pylist())
                 if abs((t - _EPOCH) // dt.timedelta(microseconds=1) - mine[i]) <= horizon}
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def from_micros(micros: int) -> dt.datetime:
     """Epoch microseconds as an aware UTC datetime (collect epoch numbers from Spark,
     not timestamps: PySpark turns those into naive local-time datetimes)."""
-    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=int(micros))
+    return _EPOCH + dt.timedelta(microseconds=int(micros))

@@ -1,101 +1,180 @@
-"""Parsing bronze records into typed events, in Spark SQL, with a reason for every reject.
+"""Parsing bronze records into typed events of a definition, in Spark SQL, with a reason for every reject.
 
-:func:`parse_events` turns a DataFrame of bronze rows (Kafka's ``key``,
-``value``, ``timestamp`` and lineage) into one row per record with the typed
-event columns and, for records that are not valid events, a ``reason`` code
-from :data:`streamlake.pipeline.schemas.QUARANTINE_REASONS` (the first that
-applies, in that order) and a readable ``message``. Nothing is dropped here:
-every input row comes out once, valid or with its reason.
+:func:`parse_events` turns a DataFrame of bronze rows into one row per record:
+the definition's fields with their declared types and, for a record that is
+not a valid event, the first reason that applies, in this order:
 
-The value is parsed with Spark's VARIANT type (``try_parse_json``), which keeps
-JSON's own types, so ``"temperature": "21.5"`` (a string) and ``true`` are told
-apart from the number ``21.5``; no Python runs per row. Works with ANSI mode
-on (Spark 4's default): every conversion is a ``try_`` function.
+``not_json``          the value is not JSON (or is empty);
+``not_object``        it is JSON but not an object;
+``missing_field``     a required field is absent or null;
+``wrong_type``        a field's JSON value does not convert to its declared type
+                      without loss: a string for a number, a fraction for an
+                      int, a number for a string, a boolean for a timestamp...;
+``invalid_timestamp`` a timestamp field is neither ISO-8601 with a UTC offset nor
+                      epoch milliseconds (an integer), a date field not
+                      ``YYYY-MM-DD``;
+``far_future``        the event time is more than ``max_future`` after the
+                      record's Kafka timestamp;
+then the definition's rules in order: a rule that is FALSE or NULL for the
+typed event sends it to quarantine with the rule's name as the reason.
+
+Every input row comes out once, valid or with its reason and a readable
+message naming the fields. The value is parsed with Spark's VARIANT type
+(``try_parse_json``), which keeps JSON's own types, so ``"12.5"`` (a string) is
+told from ``12.5``; no Python runs per row, and with ANSI mode on (Spark 4's
+default) no conversion raises (every one is a ``try_`` function). The format is
+the definition's ``format`` (JSON; another decoder would produce the same
+VARIANT column).
 """
 
 from __future__ import annotations
 
-from streamlake.pipeline.schemas import MAX_FUTURE_SECONDS, QUARANTINE_REASONS, TEMPERATURE_RANGE
+from streamlake.pipeline.definition import Field, PipelineDefinition
+from streamlake.pipeline.windows import format_duration_ms
 
 # ISO-8601 date-time with a UTC offset (Z or +hh:mm / +hhmm / +hh); seconds and fraction optional.
 ISO_WITH_OFFSET = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|z|[+-]\d{2}(:?\d{2})?)$"
-_NUMBER_TYPES = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
-FIELDS = ("event_id", "sensor_id", "event_time", "temperature")
+ISO_DATE = r"^\d{4}-\d{2}-\d{2}$"
+NUMBER = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
+INTEGER = r"^(TINYINT|SMALLINT|INT|BIGINT|DECIMAL\(\d+,0\))$"
+# Epoch milliseconds Spark can hold as a timestamp: years 1 to 9999.
+EPOCH_MS_RANGE = (-62135596800000, 253402300799999)
+BRONZE = "_bronze"  # the input row, as a struct (field names may equal bronze's column names)
+REASON, MESSAGE = "_reason", "_message"
 
 
-def _type_of(field: str) -> str:
-    return f"schema_of_variant(variant_get(_v, '$.{field}'))"
+def _path(name: str) -> str:
+    return f"'$.{name}'"
 
 
-def parse_events(bronze):
-    """Typed events and reject reasons for a DataFrame with bronze's columns.
+def _typed(f: Field, i: int) -> dict:
+    """Spark SQL for one field: its typed value, whether its JSON type fits, whether a
+    time parses. Column names are internal (``_t{i}`` the JSON type, ``_x{i}`` text)."""
+    from pyspark.sql import functions as F
 
-    Output columns: ``event_id``, ``sensor_id``, ``event_time`` (timestamp),
-    ``temperature`` (double), lineage (``topic``, ``partition``, ``offset``),
-    ``kafka_timestamp``, ``key``, ``value``, ``reason`` (null for a valid
-    event) and ``message``, plus every other input column unchanged.
+    t, get = f"_t{i}", lambda sql_type: f"try_variant_get(_v, {_path(f.name)}, '{sql_type}')"
+    kind = f.type.kind
+    is_number = F.col(t).rlike(NUMBER)
+    if kind in ("string", "boolean"):
+        value = F.expr(get(kind))
+        fits = F.col(t) == kind.upper()
+        time_ok = None
+    elif kind in ("int", "bigint"):
+        value = F.expr(get(kind))
+        exact = F.expr(get("decimal(38,18)"))
+        fits = is_number & value.isNotNull() & exact.isNotNull() & (value.cast("decimal(38,18)") == exact)
+        time_ok = None
+    elif kind == "double":
+        value = F.expr(get("double"))
+        fits = is_number & value.isNotNull()
+        time_ok = None
+    elif kind == "decimal":
+        scale = max(f.type.scale, 18)
+        value = F.expr(get(f.type.sql))
+        exact = F.expr(get(f"decimal(38,{scale})"))
+        fits = is_number & value.isNotNull() & exact.isNotNull() & (value.cast(f"decimal(38,{scale})") == exact)
+        time_ok = None
+    elif kind == "date":
+        text = F.col(f"_x{i}")
+        value = F.when(text.rlike(ISO_DATE), F.expr(f"try_cast(_x{i} AS date)"))
+        fits = F.col(t) == "STRING"
+        time_ok = value.isNotNull()
+    else:  # timestamp: ISO-8601 with an offset, or epoch milliseconds
+        text = F.col(f"_x{i}")
+        millis = F.expr(get("bigint"))
+        lo, hi = EPOCH_MS_RANGE
+        value = (F.when(F.col(t) == "STRING",
+                        F.when(text.rlike(ISO_WITH_OFFSET), F.expr(f"try_cast(_x{i} AS timestamp)")))
+                 .when(F.col(t).rlike(INTEGER) & millis.between(lo, hi), F.timestamp_millis(millis)))
+        fits = (F.col(t) == "STRING") | F.col(t).rlike(INTEGER)
+        time_ok = value.isNotNull()
+    return {"value": value, "fits": fits, "time_ok": time_ok}
+
+
+def parse_events(bronze, definition: PipelineDefinition):
+    """Typed events and reject reasons for a DataFrame with bronze's columns (``value``,
+    ``timestamp``, lineage; extra columns are carried along).
+
+    Output: the input row as the struct column ``_bronze``; one column per declared
+    field with its declared type (null unless the record is valid); ``_reason`` (null
+    for a valid event) and ``_message``. Nothing is dropped.
     """
     from pyspark.sql import functions as F
 
-    lo, hi = TEMPERATURE_RANGE
-    df = bronze.withColumn("_v", F.expr("try_parse_json(CAST(value AS STRING))"))
-    types = {f: F.expr(_type_of(f)) for f in FIELDS}
-    df = df.withColumns({f"_t_{f}": t for f, t in types.items()})
+    fields = definition.fields
+    df = bronze.select(F.struct(*[F.col(f"`{c}`") for c in bronze.columns]).alias(BRONZE))
+    df = df.withColumn("_v", F.expr(f"try_parse_json(CAST({BRONZE}.value AS STRING))"))
+    df = df.withColumns({"_schema": F.expr("schema_of_variant(_v)"),
+                         **{f"_t{i}": F.expr(f"schema_of_variant(variant_get(_v, {_path(f.name)}))")
+                            for i, f in enumerate(fields)},
+                         **{f"_x{i}": F.expr(f"try_variant_get(_v, {_path(f.name)}, 'string')")
+                            for i, f in enumerate(fields) if f.type.kind in ("date", "timestamp")}})
+    typed = {f.name: _typed(f, i) for i, f in enumerate(fields)}
+    present = {f.name: F.col(f"_t{i}").isNotNull() & (F.col(f"_t{i}") != "VOID") for i, f in enumerate(fields)}
     df = df.withColumns({
-        "_schema": F.expr("schema_of_variant(_v)"),
-        "_event_id": F.expr("try_variant_get(_v, '$.event_id', 'string')"),
-        "_sensor_id": F.expr("try_variant_get(_v, '$.sensor_id', 'string')"),
-        "_event_time_text": F.expr("try_variant_get(_v, '$.event_time', 'string')"),
-        "_temperature": F.expr("try_variant_get(_v, '$.temperature', 'double')"),
+        **{f"_p{i}": present[f.name] for i, f in enumerate(fields)},
+        **{f"_ok{i}": typed[f.name]["fits"] for i, f in enumerate(fields)},
+        **{f"_tok{i}": typed[f.name]["time_ok"] for i, f in enumerate(fields) if typed[f.name]["time_ok"] is not None},
     })
-    df = df.withColumns({
-        "_event_time": F.expr("try_cast(_event_time_text AS timestamp)"),
-        # Python-side regex: SQL string literals would eat the backslashes.
-        "_iso_ok": F.coalesce(F.col("_event_time_text").rlike(ISO_WITH_OFFSET), F.lit(False)),
-    })
-    is_missing = " OR ".join(f"_t_{f} IS NULL OR _t_{f} = 'VOID'" for f in FIELDS)
-    wrong_type = (" OR ".join(f"_t_{f} != 'STRING'" for f in ("event_id", "sensor_id", "event_time"))
-                  + f" OR NOT (_t_temperature RLIKE '{_NUMBER_TYPES}')")
-    far_future = f"_event_time > kafka_timestamp + INTERVAL {MAX_FUTURE_SECONDS} SECONDS"
-    reason = F.expr(f"""CASE
-        WHEN _v IS NULL THEN 'not_json'
-        WHEN NOT startswith(_schema, 'OBJECT') THEN 'not_object'
-        WHEN {is_missing} THEN 'missing_field'
-        WHEN {wrong_type} THEN 'wrong_type'
-        WHEN trim(_event_id) = '' OR trim(_sensor_id) = '' THEN 'empty_field'
-        WHEN NOT _iso_ok OR _event_time IS NULL THEN 'invalid_timestamp'
-        WHEN NOT (_temperature BETWEEN {lo} AND {hi}) THEN 'out_of_range'
-        WHEN {far_future} THEN 'far_future'
-    END""")
-    df = df.withColumn("reason", reason)
-    message = F.expr(f"""CASE reason
-        WHEN 'not_json' THEN CASE WHEN value IS NULL OR length(value) = 0 THEN 'the value is empty'
-                                  ELSE 'the value is not valid JSON' END
-        WHEN 'not_object' THEN concat('the value is JSON ', lower(_schema), ', not an object')
-        WHEN 'missing_field' THEN concat('missing or null: ', concat_ws(', ',
-            {", ".join(f"IF(_t_{f} IS NULL OR _t_{f} = 'VOID', '{f}', NULL)" for f in FIELDS)}))
-        WHEN 'wrong_type' THEN concat('wrong JSON type: ', concat_ws(', ',
-            {", ".join(f"IF(_t_{f} != 'STRING', concat('{f} is ', lower(_t_{f})), NULL)"
-                       for f in ("event_id", "sensor_id", "event_time"))},
-            IF(NOT (_t_temperature RLIKE '{_NUMBER_TYPES}'),
-               concat('temperature is ', lower(_t_temperature), ', not a number'), NULL)))
-        WHEN 'empty_field' THEN concat('empty: ', concat_ws(', ', IF(trim(_event_id) = '', 'event_id', NULL),
-                                                           IF(trim(_sensor_id) = '', 'sensor_id', NULL)))
-        WHEN 'invalid_timestamp' THEN concat('event_time "', _event_time_text, '" is not ISO-8601 with a UTC offset')
-        WHEN 'out_of_range' THEN concat('temperature ', CAST(_temperature AS STRING), ' is outside {lo:g}..{hi:g}')
-        WHEN 'far_future' THEN concat('event_time ', _event_time_text, ' is more than {MAX_FUTURE_SECONDS // 3600} h '
-                                      'after the Kafka timestamp ', CAST(kafka_timestamp AS STRING))
-    END""")
-    df = df.withColumn("message", message)
-    valid = F.col("reason").isNull()
-    df = df.withColumns({
-        "event_id": F.when(valid, F.col("_event_id")),
-        "sensor_id": F.when(valid, F.col("_sensor_id")),
-        "event_time": F.when(valid, F.col("_event_time")),
-        "temperature": F.when(valid, F.col("_temperature")),
-    })
-    return df.drop(*[c for c in df.columns if c.startswith("_") and c not in bronze.columns])
+    # Typed values, by the fields' own names (rules refer to them); null where absent.
+    df = df.withColumns({f.name: F.when(F.col(f"_p{i}") & F.col(f"_ok{i}"), typed[f.name]["value"])
+                         for i, f in enumerate(fields)})
+    idx = {f.name: i for i, f in enumerate(fields)}
+    required = [idx[n] for n in definition.required]
+    times = [i for i, f in enumerate(fields) if f.type.kind in ("date", "timestamp")]
+    missing = " OR ".join(f"NOT _p{i}" for i in required) or "false"
+    wrong = " OR ".join(f"(_p{i} AND NOT coalesce(_ok{i}, false))" for i in range(len(fields))) or "false"
+    bad_time = " OR ".join(f"(_p{i} AND NOT _tok{i})" for i in times) or "false"
+    event_time = f"`{definition.event_time}`"
+    future = f"{event_time} > {BRONZE}.timestamp + make_dt_interval(0, 0, 0, {definition.max_future_ms / 1000})"
+    branches = [("not_json", "_v IS NULL"), ("not_object", "NOT startswith(_schema, 'OBJECT')"),
+                ("missing_field", missing), ("wrong_type", wrong), ("invalid_timestamp", bad_time),
+                ("far_future", future)]
+    branches += [(r.name, f"NOT coalesce(({r.check}), false)") for r in definition.rules]
+    reason = "CASE " + " ".join(f"WHEN {cond} THEN '{name}'" for name, cond in branches) + " END"
+    df = df.withColumn(REASON, F.expr(reason))
+    df = df.withColumn(MESSAGE, F.expr(_message_sql(definition, branches)))
+    valid = F.col(REASON).isNull()
+    df = df.withColumns({f.name: F.when(valid, F.col(f.name)) for f in fields})
+    return df.select(BRONZE, *[f"`{f.name}`" for f in fields], REASON, MESSAGE)
 
 
-def reason_codes() -> list[str]:
-    return list(QUARANTINE_REASONS)
+def _names_where(condition_of, indexes, label_of) -> str:
+    """SQL: the labels of the fields whose condition holds, comma-separated."""
+    parts = [f"IF({condition_of(i)}, {label_of(i)}, NULL)" for i in indexes]
+    return f"concat_ws(', ', {', '.join(parts)})" if parts else "''"
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _message_sql(definition: PipelineDefinition, branches) -> str:
+    fields = definition.fields
+    idx = {f.name: i for i, f in enumerate(fields)}
+    required = [idx[n] for n in definition.required]
+    times = [i for i, f in enumerate(fields) if f.type.kind in ("date", "timestamp")]
+    missing = _names_where(lambda i: f"NOT _p{i}", required, lambda i: _sql_text(fields[i].name))
+    wrong = _names_where(lambda i: f"_p{i} AND NOT coalesce(_ok{i}, false)", range(len(fields)),
+                         lambda i: f"concat({_sql_text(fields[i].name + ' is JSON ')}, lower(_t{i}), "
+                                   f"{_sql_text(', not ' + fields[i].type.sql)})")
+    bad_time = _names_where(lambda i: f"_p{i} AND NOT _tok{i}", times,
+                            lambda i: f"concat({_sql_text(fields[i].name + ' ')}, '\"', _x{i}, '\"')")
+    event_time = f"`{definition.event_time}`"
+    future = format_duration_ms(definition.max_future_ms)
+    cases = {
+        "not_json": f"CASE WHEN {BRONZE}.value IS NULL OR length({BRONZE}.value) = 0 THEN 'the value is empty' "
+                    "ELSE 'the value is not valid JSON' END",
+        "not_object": "concat('the value is JSON ', lower(_schema), ', not an object')",
+        "missing_field": f"concat('missing or null: ', {missing})",
+        "wrong_type": f"concat('wrong JSON type: ', {wrong})",
+        "invalid_timestamp": f"concat('not a valid time (timestamps: ISO-8601 with a UTC offset or epoch "
+                             f"milliseconds; dates: YYYY-MM-DD): ', {bad_time})",
+        "far_future": f"concat({_sql_text(definition.event_time + ' ')}, CAST({event_time} AS STRING), "
+                      f"{_sql_text(f' is more than {future} after the Kafka timestamp ')}, "
+                      f"CAST({BRONZE}.timestamp AS STRING))",
+    }
+    for rule in definition.rules:
+        cases[rule.name] = (f"concat('rule {rule.name} is ', IF(({rule.check}) IS NULL, 'NULL', 'false'), "
+                            f"{_sql_text(': ' + rule.check)})")
+    return f"CASE {REASON} " + " ".join(f"WHEN '{name}' THEN {cases[name]}" for name, _ in branches) + " END"
