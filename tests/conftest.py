@@ -73,15 +73,26 @@ def topic_name():
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
+SENSORS = Path(__file__).resolve().parents[1] / "pipelines" / "sensors.yaml"
+
+
+def sensors_definition():
+    """The demo pipeline's definition (pipelines/sensors.yaml): what tests produce by default."""
+    from streamlake.pipeline.definition import load_definition
+
+    return load_definition(SENSORS)
+
+
 @pytest.fixture
 def produce(broker):
-    """produce(topic, count, partitions=3, **kw): real records through the producer the CLI uses."""
-    from streamlake.kafka.producer import produce_sensor_readings
+    """produce(topic, count, partitions=3, definition=None, **kw): real records of a definition
+    (default: the sensors example) through the producer the CLI uses."""
+    from streamlake.kafka.producer import produce_records
 
-    def _produce(topic: str, count: int, partitions: int = 3, **kwargs):
+    def _produce(topic: str, count: int, partitions: int = 3, definition=None, **kwargs):
         kwargs.setdefault("progress", False)
         kwargs.setdefault("value_bytes", 200)
-        return produce_sensor_readings(topic, count, partitions=partitions, **kwargs)
+        return produce_records(definition or sensors_definition(), topic, count, partitions=partitions, **kwargs)
 
     return _produce
 
@@ -91,10 +102,13 @@ class LiveProducer:
 
     What a live source looks like to Kafka: librdkafka with ``linger.ms=0`` and
     ``batch.num.messages=1`` sends every record as its own record batch, while
-    the test (and the job it tests) runs. Records are sensor readings with the
-    JSON value layout of :class:`streamlake.kafka.producer.SensorReadings`
-    (event time = the moment of production), keyed by sensor, spread round-robin
-    over the partitions so each partition receives the same count.
+    the test (and the job it tests) runs. Records are a definition's labelled
+    records (:class:`streamlake.kafka.events.DefinitionEvents`, default: the sensors
+    example), made at the moment of production (event time = now, or late, out of
+    order, duplicated, malformed by the ``mix`` fractions), spread round-robin over
+    the partitions so each partition receives the same count. ``records`` keeps what
+    was sent, in order, and ``lineage`` each delivered record's (partition, offset)
+    by ``seq``, so a test computes its expectations from what it produced.
 
     ``rate`` is records per second (None: as fast as the producer can), ``count``
     the number of records to write (None: until :meth:`stop`). At most
@@ -106,10 +120,15 @@ class LiveProducer:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, rate: float | None = None,
                  count: int | None = None, value_bytes: int = 200, seed: int | None = None,
-                 max_pending: int = 1000):
+                 max_pending: int = 1000, definition=None, **mix):
+        from streamlake.kafka.events import DefinitionEvents
+
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
         self.rate, self.count, self.value_bytes, self.seed = rate, count, value_bytes, seed
         self.max_pending = max_pending
+        self.events = DefinitionEvents(definition or sensors_definition(), seed, value_bytes=value_bytes, **mix)
+        self.records: list = []  # GeneratedRecord, in the order sent
+        self.lineage: dict[int, tuple[int, int]] = {}  # seq -> (partition, offset) of delivered records
         self.sent_per_partition = [0] * partitions  # handed to librdkafka
         self.delivered_per_partition = [0] * partitions  # confirmed by the broker
         self.errors: list[str] = []
@@ -179,16 +198,17 @@ class LiveProducer:
                                  f"({'; '.join(self.errors[:3]) or 'flush timed out'})")
         return self
 
-    def _on_delivery(self, err, msg) -> None:
+    def _on_delivery(self, seq, err, msg) -> None:
         if err is None:
             self.delivered_per_partition[msg.partition()] += 1
+            self.lineage[seq] = (msg.partition(), msg.offset())
         else:
             self.errors.append(str(err))
 
     def _run(self) -> None:
-        from confluent_kafka import Producer
+        import functools
 
-        from streamlake.kafka.producer import SensorReadings
+        from confluent_kafka import Producer
 
         producer = Producer({
             "bootstrap.servers": self.bootstrap,
@@ -198,7 +218,6 @@ class LiveProducer:
             "acks": "all",
             "client.id": f"live-producer-{self.topic}",
         }, logger=logging.getLogger("streamlake.librdkafka.live-producer"))
-        readings = SensorReadings(self.seed, value_bytes=self.value_bytes)
         sent = 0
         try:
             while not self._stop.is_set() and (self.count is None or sent < self.count):
@@ -212,15 +231,17 @@ class LiveProducer:
                         # milliseconds, a shorter one would spin a core the test's job needs
                         producer.poll(min(max(ahead, 0.001), 0.05))
                         continue
-                key, value = readings.next()
+                record = self.events.next()
+                self.records.append(record)
                 partition = sent % self.partitions
                 # Counted before it can reach the broker: sent_per_partition bounds each partition's end.
                 self.sent_per_partition[partition] += 1
                 sent += 1
                 while True:
                     try:
-                        producer.produce(self.topic, value=value, key=key, partition=partition,
-                                         on_delivery=self._on_delivery)
+                        producer.produce(self.topic, value=record.value, key=record.key, partition=partition,
+                                         timestamp=record.timestamp_ms,
+                                         on_delivery=functools.partial(self._on_delivery, record.seq))
                         break
                     except BufferError:  # librdkafka's queue is full: let it drain
                         producer.poll(0.01)
@@ -234,7 +255,8 @@ class LiveProducer:
 
 @pytest.fixture
 def live_producer(broker):
-    """live_producer(topic, partitions=3, rate=None, count=None, value_bytes=200, seed=None) -> LiveProducer
+    """live_producer(topic, partitions=3, rate=None, count=None, value_bytes=200, seed=None, definition=None,
+    late_fraction=..., out_of_order_seconds=..., malformed_fraction=..., duplicate_fraction=...) -> LiveProducer
 
     Starts a :class:`LiveProducer` (one record per record batch, in a background
     thread) that writes while the test runs; every producer still running at

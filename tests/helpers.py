@@ -45,3 +45,42 @@ def interrupted_checkpoint_write(folder, batch=0):
     (folder / name).write_text("v1\n{}\n{}")
     (folder / f".{name}.crc").write_bytes(b"crc")
     return {name, f".{name}.crc"}
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "pipelines"
+
+
+def example(name: str, tmp_path: Path, topic: str, *, lateness: str | None = None, keep_aggregates=None) -> Path:
+    """A copy of the example definition ``name`` (pipelines/<name>.yaml) reading ``topic``,
+    written under ``tmp_path``, optionally with every aggregate's allowed lateness set to
+    ``lateness`` (late events sooner) and only the first ``keep_aggregates`` aggregates.
+    Returns the file (jobs started with spark-submit read definitions from files)."""
+    import yaml
+
+    data = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    data["topics"] = [topic]
+    if keep_aggregates is not None:
+        data["aggregates"] = data["aggregates"][:keep_aggregates]
+    if lateness is not None:
+        for aggregate in data["aggregates"]:
+            aggregate["allowed_lateness"] = lateness
+    path = Path(tmp_path) / f"{name}-{topic}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def pipeline_config(root, definition_file, **settings):
+    """A PipelineConfig of the definition in ``definition_file`` under ``root``."""
+    from streamlake.pipeline.config import PipelineConfig
+    from streamlake.pipeline.definition import load_definition
+
+    return PipelineConfig(root=str(root), definition=load_definition(definition_file), **settings)
+
+
+def run_available_now(spark, cfg) -> dict:
+    """Every stage of ``cfg`` once with the available-now trigger, in the test's SparkSession."""
+    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.driver import run_stages
+
+    return run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True,
+                      report=lambda _line: None, poll_s=0.2)

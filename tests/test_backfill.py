@@ -1,8 +1,9 @@
 """Late-data backfills on real Spark, broker and Delta: gold repaired, proven, idempotent.
 
-Each test builds a small pipeline whose gold has pending late events: a first
-stream of on-time readings moves the watermark, a second one brings readings
-2-15 minutes late (labelled by the generator), which gold keeps in late_events.
+The orders example (a tumbling aggregate per customer and a session aggregate without
+keys), with 5 s of allowed lateness: a first stream of on-time orders moves the
+watermarks, a second one brings orders late enough for every window (labelled by the
+generator), which each aggregate keeps in its late_events table.
 """
 
 from __future__ import annotations
@@ -10,102 +11,108 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
+from helpers import example, pipeline_config, run_available_now
 from streamlake.delta.table import open_table, read_table
 from streamlake.operations.control import JobControl
 from streamlake.operations.pipeline_checks import check_gold
-from streamlake.pipeline.backfill import PipelinePaths, plan_backfill, run_backfill
-from streamlake.pipeline.config import PipelineConfig
+from streamlake.pipeline.backfill import AggregatePaths, plan_backfill, run_backfill
 from streamlake.pipeline.driver import run_stages
-from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, SILVER
-from streamlake.pipeline.windows import WindowSpec
-
-TUMBLING = WindowSpec.parse("tumbling:1m")
+from streamlake.pipeline.schemas import gold_spec, late_spec, silver_spec
 
 
-def tables(cfg: PipelineConfig) -> dict[str, str]:
-    return {name: cfg.table(name) for name in ("bronze", "silver", "quarantine", "gold", "late_events")}
-
-
-def run_once(spark, cfg: PipelineConfig) -> None:
-    run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True,
-               report=lambda _line: None, poll_s=0.2)
+def tables(cfg) -> dict[str, str]:
+    return {name: cfg.table(name) for name in cfg.definition.table_names()}
 
 
 @pytest.fixture
 def with_late_events(spark, produce, topic_name, tmp_path):
-    """A pipeline whose gold has pending late events (and their windows not yet restated)."""
-    cfg = PipelineConfig(root=str(tmp_path / "lake"), topics=(topic_name,), allowed_lateness="5s")
-    produce(topic_name, 400, seed=31, out_of_order_seconds=3)
-    run_once(spark, cfg)
-    produce(topic_name, 600, seed=32, late_fraction=0.2, out_of_order_seconds=3, duplicate_fraction=0.05)
-    run_once(spark, cfg)
-    late = read_table(spark, cfg.table("late_events"), LATE_EVENTS)
-    assert late.where("NOT applied").count() > 20, "the fixture needs pending late events"
+    """A pipeline whose gold tables have pending late events (their windows not yet restated)."""
+    cfg = pipeline_config(tmp_path / "lake", example("orders", tmp_path, topic_name, lateness="5s"))
+    produce(topic_name, 400, seed=31, out_of_order_seconds=3, definition=cfg.definition)
+    run_available_now(spark, cfg)
+    produce(topic_name, 600, seed=32, late_fraction=0.2, out_of_order_seconds=3, duplicate_fraction=0.05,
+            definition=cfg.definition)
+    run_available_now(spark, cfg)
+    for agg in cfg.definition.aggregates:
+        late = read_table(spark, cfg.table(agg.late_table), late_spec(cfg.definition, agg))
+        assert late.where("NOT applied").count() > 20, f"the fixture needs pending late events in {agg.name}"
     return cfg
 
 
-def gold_rows(spark, cfg) -> dict:
-    return {(r.sensor_id, r.window_start, r.window_end): (r["count"], r.sum_temperature, r.min_temperature,
-                                                          r.max_temperature, r.avg_temperature)
-            for r in read_table(spark, cfg.table("gold"), GOLD).collect()}
+def gold_rows(spark, cfg, aggregate) -> dict:
+    spec = gold_spec(cfg.definition, aggregate)
+    rows = read_table(spark, cfg.table(aggregate.gold_table), spec).toArrow().to_pylist()
+    return {(*(r[k] for k in aggregate.keys), r["window_start"], r["window_end"]):
+            {k: v for k, v in r.items() if k != "updated_at"} for r in rows}
 
 
-def test_backfill_repairs_gold_and_the_check_proves_it(spark, with_late_events):
+@pytest.mark.parametrize("name", ["revenue_5m", "activity"])
+def test_backfill_repairs_gold_and_the_check_proves_it(spark, with_late_events, name):
     cfg = with_late_events
-    before = check_gold(spark, tables(cfg), TUMBLING)
+    d = cfg.definition
+    agg = d.aggregate(name)
+    before = check_gold(spark, tables(cfg), d, agg)
     assert before.passed and before.windows_pending > 0, before.summary()  # pending windows are set apart
-    result = run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING)
+    result = run_backfill(spark, d, agg, AggregatePaths.of(cfg.root, agg))
     assert result.late_events > 0 and result.windows > 0 and result.changed_windows > 0
-    after = check_gold(spark, tables(cfg), TUMBLING, late_seen_through=result.silver_version)
+    after = check_gold(spark, tables(cfg), d, agg, late_seen_through=result.silver_version)
     assert after.passed, after.summary()
-    assert after.windows_pending == 0 and after.windows_checked >= before.windows_checked + before.windows_pending
-    late = read_table(spark, cfg.table("late_events"), LATE_EVENTS)
+    assert after.windows_pending == 0
+    late = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg))
     assert late.where("NOT applied").count() == 0
     assert {r.applied_by for r in late.collect()} == {result.run_id}
-    gold = read_table(spark, cfg.table("gold"), GOLD)
-    silver_count = read_table(spark, cfg.table("silver"), SILVER).count()
-    assert gold.agg({"count": "sum"}).first()[0] == silver_count, "every valid event is in gold now"
+    gold = read_table(spark, cfg.table(agg.gold_table), gold_spec(d, agg))
+    silver_count = read_table(spark, cfg.table("silver"), silver_spec(d)).count()
+    assert gold.agg({"orders": "sum"}).first()[0] == silver_count, "every valid order is in gold now"
+    other = next(a for a in d.aggregates if a.name != name)
+    assert read_table(spark, cfg.table(other.late_table), late_spec(d, other)).where("NOT applied").count() > 0, \
+        "a backfill of one aggregate leaves the other's late events pending"
 
 
 def test_backfill_twice_changes_nothing_and_dry_run_changes_nothing(spark, with_late_events):
     cfg = with_late_events
-    paths = PipelinePaths.of(cfg.root)
-    versions = {t: open_table(cfg.table(t)).version() for t in ("gold", "late_events")}
-    plan = plan_backfill(paths, TUMBLING)
-    dry = run_backfill(spark, paths, TUMBLING, dry_run=True)
+    d = cfg.definition
+    agg = d.aggregate("revenue_5m")
+    paths = AggregatePaths.of(cfg.root, agg)
+    versions = {t: open_table(cfg.table(t)).version() for t in (agg.gold_table, agg.late_table)}
+    plan = plan_backfill(d, agg, paths)
+    dry = run_backfill(spark, d, agg, paths, dry_run=True)
     assert dry.dry_run and dry.late_events == plan.late_events.num_rows and dry.windows == len(plan.windows)
     assert dry.window_list and all(" [" in w for w in dry.window_list)
     assert {t: open_table(cfg.table(t)).version() for t in versions} == versions, "a dry run commits nothing"
-    first = run_backfill(spark, paths, TUMBLING)
-    rows = gold_rows(spark, cfg)
-    versions = {t: open_table(cfg.table(t)).version() for t in ("gold", "late_events")}
-    second = run_backfill(spark, paths, TUMBLING)
+    first = run_backfill(spark, d, agg, paths)
+    rows = gold_rows(spark, cfg, agg)
+    versions = {t: open_table(cfg.table(t)).version() for t in versions}
+    second = run_backfill(spark, d, agg, paths)
     assert first.late_events > 0 and second.late_events == 0 and second.windows == 0
-    assert gold_rows(spark, cfg) == rows
+    assert gold_rows(spark, cfg, agg) == rows
     assert {t: open_table(cfg.table(t)).version() for t in versions} == versions, "the second run commits nothing"
 
 
 def test_backfill_of_a_range_applies_only_that_range(spark, with_late_events):
     cfg = with_late_events
-    late = read_table(spark, cfg.table("late_events"), LATE_EVENTS).orderBy("event_time").collect()
-    middle = late[len(late) // 2].event_time.replace(tzinfo=dt.timezone.utc)
-    result = run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING, start=middle)
-    pending = read_table(spark, cfg.table("late_events"), LATE_EVENTS).where("NOT applied").collect()
-    assert result.late_events == sum(1 for r in late if r.event_time.replace(tzinfo=dt.timezone.utc) >= middle)
-    assert pending and all(r.event_time.replace(tzinfo=dt.timezone.utc) < middle for r in pending)
-    report = check_gold(spark, tables(cfg), TUMBLING, middle, None, late_seen_through=result.silver_version)
+    d = cfg.definition
+    agg = d.aggregate("activity")
+    late = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg)).orderBy(d.event_time).collect()
+    times = [r[d.event_time].replace(tzinfo=dt.timezone.utc) for r in late]
+    middle = times[len(times) // 2]
+    result = run_backfill(spark, d, agg, AggregatePaths.of(cfg.root, agg), start=middle)
+    pending = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg)).where("NOT applied").collect()
+    assert result.late_events == sum(1 for t in times if t >= middle)
+    assert pending and all(r[d.event_time].replace(tzinfo=dt.timezone.utc) < middle for r in pending)
+    report = check_gold(spark, tables(cfg), d, agg, middle, None, late_seen_through=result.silver_version)
     assert report.passed, report.summary()
 
 
 def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produce, with_late_events):
-    """The gold stage commits while the backfill restates: whichever loses the commit race
+    """The gold stages commit while backfills restate: whichever loses the commit race
     re-plans; afterwards gold still equals the recompute and nothing is applied twice."""
-    from dataclasses import replace
-
     cfg = replace(with_late_events, processing_time_s=0.5)
+    d = cfg.definition
     control = JobControl(cfg.control_dir)
     errors: list[BaseException] = []
 
@@ -118,73 +125,37 @@ def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produc
     runner = threading.Thread(target=stream, daemon=True)
     runner.start()
     producer = threading.Thread(target=produce, args=(cfg.topics[0], 600), kwargs=dict(
-        seed=33, rate=150, late_fraction=0.1, out_of_order_seconds=3))
+        seed=33, rate=150, late_fraction=0.1, out_of_order_seconds=3, definition=d))
     producer.start()
-    results = []
+    results = {a.name: [] for a in d.aggregates}
     for _ in range(3):
         time.sleep(2)
-        results.append(run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING))
+        for agg in d.aggregates:
+            results[agg.name].append(run_backfill(spark, d, agg, AggregatePaths.of(cfg.root, agg)))
     producer.join()
     time.sleep(6)
     control.request_stop()
     runner.join(120)
     assert not errors, errors
-    run_once(spark, replace(cfg, processing_time_s=None))  # drain what is left
-    final = run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING)
-    report = check_gold(spark, tables(cfg), TUMBLING, late_seen_through=final.silver_version)
-    assert report.passed, report.summary()
-    applied = read_table(spark, cfg.table("late_events"), LATE_EVENTS).where("applied")
-    assert applied.count() == applied.select("topic", "partition", "offset").distinct().count()
-    assert sum(r.late_events for r in results) + final.late_events == applied.count()
-
-
-def test_late_events_view_shows_pending_hours_and_links_the_prefilled_backfill_form(spark, with_late_events):
-    """StreamLake -> Late events: pending and applied counts per hour, the windows they touch,
-    a link to the backfill form filled in for that hour; after a backfill, nothing pending."""
-    import importlib.util
-    from pathlib import Path
-
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
-
-    from streamlake.operations.jobs import JobSpec, save_job
-
-    cfg = with_late_events
-    job = save_job(JobSpec(name=f"view_{Path(cfg.root).parent.name[-20:]}", topics=list(cfg.topics), root=cfg.root))
-    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
-    spec = importlib.util.spec_from_file_location("streamlake_views_late", path)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    assert "Late events" in [v["name"] for v in plugin.StreamLakePlugin.external_views]
-    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
-    client = TestClient(plugin.app, root_path="/streamlake")
-    try:
-        hours = client.get(f"/api/late-events?job={job.name}").json()
-        assert hours and sum(h["pending"] for h in hours) == read_table(
-            spark, cfg.table("late_events"), LATE_EVENTS).where("NOT applied").count()
-        assert all(h["windows"] >= 1 for h in hours if h["pending"])
-        page = client.get(f"/late-events?job={job.name}").text
-        assert "backfill this hour" in page and "gold windows to restate" in page
-        link = page.split("class='backfill-link' href='")[1].split("'")[0].replace("&amp;", "&")
-        form = client.get("/" + link).text
-        hour = hours[0]["hour"][:19].replace(" ", "T")
-        assert "type='datetime-local'" in form and hour in form and "Trigger backfill_late_data" in form
-        run_backfill(spark, PipelinePaths.of(cfg.root), TUMBLING)
-        after = client.get(f"/api/late-events?job={job.name}").json()
-        assert sum(h["pending"] for h in after) == 0 and sum(h["applied"] for h in after) > 0
-        assert "nothing pending" in client.get(f"/late-events?job={job.name}").text
-    finally:
-        plugin.app.dependency_overrides.clear()
+    run_available_now(spark, replace(cfg, processing_time_s=None))  # drain what is left
+    for agg in d.aggregates:
+        final = run_backfill(spark, d, agg, AggregatePaths.of(cfg.root, agg))
+        report = check_gold(spark, tables(cfg), d, agg, late_seen_through=final.silver_version)
+        assert report.passed, report.summary()
+        applied = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg)).where("applied")
+        assert applied.count() == applied.select("topic", "partition", "offset").distinct().count()
+        assert sum(r.late_events for r in results[agg.name]) + final.late_events == applied.count()
 
 
 def test_a_backfill_before_the_first_pipeline_run_has_nothing_to_do(tmp_path):
     """The hourly schedule's first run can come before the job's first pipeline run (it did on
     the live platform): no gold yet means no late event is pending, which is not a failure."""
+    from helpers import EXAMPLES
     from streamlake.operations.backfills import backfill_job
     from streamlake.operations.jobs import JobSpec
 
-    job = JobSpec(name="not-run-yet", topics=["t"], root=str(tmp_path / "job"))
+    job = JobSpec(name="not-run-yet", root=str(tmp_path / "job"), definition_file=str(EXAMPLES / "orders.yaml"))
     summary = backfill_job(None, job, run_id="bf-early")  # returns before it needs Spark
-    assert summary["late_events"] == 0 and summary["gold_version"] is None and summary["checks"] == []
-    assert "no gold table yet" in summary["summary"]
+    assert summary["late_events"] == 0 and summary["checks"] == []
+    assert all(e["gold_version"] is None and "does not exist yet" in e["summary"] for e in summary["aggregates"])
     assert not (tmp_path / "job" / "gold").exists()

@@ -1,4 +1,5 @@
-"""DAG integrity: every DAG parses quickly, without errors, and documents itself."""
+"""DAG integrity: every DAG parses quickly, without errors, documents itself, and its trigger
+form can be submitted with its defaults; one ingest and one backfill DAG per pipeline."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTED = {"streaming_ingest", "savepoint", "restore", "rescale", "backfill_late_data"}
+PIPELINES = ("orders", "sensors")  # pipelines/*.yaml
+OPERATIONS = {"savepoint", "restore", "rescale"}
+EXPECTED = OPERATIONS | {f"{kind}_{p}" for p in PIPELINES for kind in ("ingest", "backfill")}
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +41,36 @@ def test_dag_documents_itself(dagbag, dag_id):
         assert task.retries is not None
 
 
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_every_trigger_form_can_be_submitted_with_its_defaults(dagbag, dag_id):
+    """What Airflow 3's trigger form does with each param (its FieldRow/isRequired rules): a
+    field whose schema type has no "null" is required, and a required field holding null or
+    an empty string keeps the Trigger button disabled. So every default is a value the form
+    accepts, every empty default is nullable, and the defaults validate against the schema
+    (the form's own submit sends them unchanged). Parameters only other DAGs set (what a
+    resumed run completes) are not in the form at all."""
+    dag = dagbag.dags[dag_id]
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        types = param.schema.get("type")
+        required = bool(types) and not (isinstance(types, list) and "null" in types)
+        if required:
+            assert param.value not in (None, ""), f"{dag_id}.{name}: required in the form but its default is empty"
+        if "enum" in param.schema:
+            assert param.value in param.schema["enum"], f"{dag_id}.{name}: default not among the choices"
+        param.resolve(param.value)  # raises ParamValidationError for a default the schema refuses
+    assert "resumes" not in dag.params, "set by restore/rescale through conf, not a person's field"
+
+
 def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
     """Restarts are the restart strategy's; an Airflow retry would hide that it gave up."""
-    assert dagbag.dags["streaming_ingest"].get_task("supervise_continuous").retries == 0
+    for pipeline in PIPELINES:
+        assert dagbag.dags[f"ingest_{pipeline}"].get_task("supervise_continuous").retries == 0
 
 
-def test_restore_form_lists_existing_savepoints(tmp_path):
-    """The restore DAG's savepoint_id param offers the savepoints on disk, newest first."""
+def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):
+    """The restore DAG's savepoint_id param suggests the savepoints on disk, newest first, and
+    is optional: empty restores the newest savepoint of the chosen pipeline."""
     import importlib.util
     import json
 
@@ -59,37 +85,48 @@ def test_restore_form_lists_existing_savepoints(tmp_path):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         param = module.dag.params.get_param("savepoint_id")
-        offered = param.schema["enum"]
+        offered = param.schema["examples"]
         assert offered == config.savepoint_ids(), "every savepoint on disk, newest first"
         assert offered.index("sp-20260102-000000-bbbbbb") < offered.index("sp-20260101-000000-aaaaaa")
-        assert param.value == offered[0], "the newest is preselected"
+        assert param.value is None and "null" in param.schema["type"], "empty means the newest of the pipeline"
+        assert set(module.dag.params.get_param("job").schema["enum"]) >= set(PIPELINES)
     finally:
         for sp in ("sp-20260101-000000-aaaaaa", "sp-20260102-000000-bbbbbb"):
             (root / sp / "manifest.json").unlink()
             (root / sp).rmdir()
 
 
-def test_backfill_dag_has_the_range_form_and_an_hourly_schedule_without_catch_up(dagbag):
-    dag = dagbag.dags["backfill_late_data"]
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_backfill_dag_has_the_range_form_and_an_hourly_schedule_without_catch_up(dagbag, pipeline):
     from airflow.timetables.interval import CronDataIntervalTimetable
 
+    from streamlake.operations.jobs import load_job
+
+    dag = dagbag.dags[f"backfill_{pipeline}"]
     assert not dag.catchup and isinstance(dag.timetable, CronDataIntervalTimetable), "runs need data intervals"
     assert dag.timetable._expression == "0 * * * *"
     start, end = dag.params.get_param("start"), dag.params.get_param("end")
     assert start.schema["format"] == end.schema["format"] == "date-time", "the form shows date-time pickers"
     assert dag.params.get_param("all_pending").schema["type"] == "boolean"
     assert dag.params.get_param("dry_run").schema["type"] == "boolean"
+    aggregates = [a.name for a in load_job(pipeline).definition.aggregates]
+    assert dag.params.get_param("aggregate").schema["enum"] == [None, *aggregates], "a drop-down of its aggregates"
     assert {t.task_id for t in dag.tasks} == {"resolve_range", "backfill", "report"}
 
 
-def test_tables_are_assets_written_by_the_tasks_that_write_them(dagbag):
-    """The Assets view shows what feeds what: Kafka -> the pipeline's tables -> backfills."""
-    ingest = dagbag.dags["streaming_ingest"].get_task("ingest_available_now")
-    names = {a.name.split(".")[-1] for a in ingest.outlets}
-    assert names == {"bronze", "silver", "quarantine", "gold", "late_events"}
-    assert any(a.uri.startswith("kafka://") for a in ingest.inlets)
-    backfill = dagbag.dags["backfill_late_data"].get_task("backfill")
-    assert {a.name.split(".")[-1] for a in backfill.outlets} == {"gold", "late_events"}
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_tables_are_assets_written_by_the_tasks_that_write_them(dagbag, pipeline):
+    """The Assets view shows what feeds what: Kafka -> every table of the pipeline -> backfills."""
+    from streamlake.operations.jobs import load_job
+
+    definition = load_job(pipeline).definition
+    ingest = dagbag.dags[f"ingest_{pipeline}"].get_task("ingest_available_now")
+    names = {a.name.split(".", 1)[1] for a in ingest.outlets}
+    assert names == set(definition.table_names())
+    assert {a.uri for a in ingest.inlets} == {f"kafka://streamlake/{t}" for t in definition.topics}
+    backfill = dagbag.dags[f"backfill_{pipeline}"].get_task("backfill")
+    assert {a.name.split(".", 1)[1] for a in backfill.outlets} == \
+        {t for a in definition.aggregates for t in (a.gold_table, a.late_table)}
 
 
 def test_backfill_range_follows_the_run_type():
@@ -100,12 +137,14 @@ def test_backfill_range_follows_the_run_type():
 
     a, b = dt.datetime(2026, 11, 22, 10, tzinfo=dt.timezone.utc), dt.datetime(2026, 11, 22, 11, tzinfo=dt.timezone.utc)
     form = {"all_pending": False, "start": "2026-11-22T08:00:00+00:00", "end": "2026-11-22T09:00:00+00:00",
-            "dry_run": True}
+            "dry_run": True, "aggregate": "revenue_5m"}
     manual = backfill_range(form, "manual", a, b, "manual__2026-11-22T10:00:00+00:00")
-    assert (manual["start"], manual["end"], manual["dry_run"]) == (form["start"], form["end"], True)
+    assert (manual["start"], manual["end"], manual["dry_run"], manual["aggregate"]) == \
+        (form["start"], form["end"], True, "revenue_5m")
     everything = backfill_range({**form, "all_pending": True}, "manual", a, b, "manual__x")
     assert everything["start"] is None and everything["end"] is None
     scheduled = backfill_range(form, "scheduled", a, b, "scheduled__2026-11-22T10:00:00+00:00")
     assert (scheduled["start"], scheduled["end"], scheduled["dry_run"]) == (a.isoformat(), b.isoformat(), False)
+    assert scheduled["aggregate"] is None, "a scheduled run repairs every aggregate"
     backfill = backfill_range(form, "backfill", a, b, "backfill__2026-11-22T10:00:00+00:00")
     assert backfill["start"] == a.isoformat() and backfill["run_id"].startswith("bf-backfill")

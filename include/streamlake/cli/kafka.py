@@ -1,4 +1,4 @@
-"""``streamlake kafka`` (the embedded broker) and ``streamlake produce`` (demo data)."""
+"""``streamlake kafka`` (the embedded broker) and ``streamlake produce`` (demo and test data of a definition)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_produce(args) -> int:
-    from streamlake.kafka.producer import produce_sensor_readings, summary_dict
+    from streamlake.kafka.producer import produce_records, summary_dict
+    from streamlake.pipeline.definition import load_definition
 
     stop = {"requested": False}
 
@@ -38,8 +39,8 @@ def cmd_produce(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    summary = produce_sensor_readings(
-        args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
+    summary = produce_records(
+        load_definition(args.definition), args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
         seed=args.seed, options=kafka_options(args.kafka_option), progress=not args.quiet,
         should_stop=lambda: stop["requested"], late_fraction=args.late_fraction,
         out_of_order_seconds=args.out_of_order_seconds, malformed_fraction=args.malformed_fraction,
@@ -55,19 +56,23 @@ def add_parsers(sub) -> None:
     k.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
     k.set_defaults(func=cmd_kafka)
 
-    p = sub.add_parser("produce", help="produce sensor readings")
-    p.add_argument("--topic", required=True)
+    p = sub.add_parser("produce", help="produce labelled records of a pipeline definition (demo and test data)")
+    p.add_argument("--definition", required=True, metavar="FILE",
+                   help="the pipeline whose records to make, e.g. pipelines/sensors.yaml (its datagen hints)")
+    p.add_argument("--topic", help="topic to write (default: the definition's first topic)")
     p.add_argument("--count", type=int, required=True, help="records to produce (0: until stopped)")
     p.add_argument("--partitions", type=int, default=3, help="partitions when the topic is created")
     p.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
-    p.add_argument("--value-bytes", type=int, default=256, help="approximate value size")
+    p.add_argument("--value-bytes", type=int, help="pad every value to about this size (default: no padding)")
     p.add_argument("--seed", type=int, help="random seed (same seed, same records)")
     p.add_argument("--late-fraction", type=float, default=0.0, metavar="F",
-                   help="share of late events: event time 2-15 minutes ago, window long closed (default 0)")
+                   help="share of late events: event times behind every aggregate's window and lateness "
+                        "(default 0)")
     p.add_argument("--out-of-order-seconds", type=float, default=0.0, metavar="S",
                    help="on-time events get event time now - uniform(0, S), 0..60 (default 0: in order)")
     p.add_argument("--malformed-fraction", type=float, default=0.0, metavar="M",
-                   help="share of records the pipeline must quarantine, spread over every reason code (default 0)")
+                   help="share of records the pipeline must quarantine, spread over every reason code, rules "
+                        "with a datagen.violations entry included (default 0)")
     p.add_argument("--duplicate-fraction", type=float, default=0.0, metavar="D",
                    help="share of exact re-sends of a recent valid record (default 0); "
                         "late + malformed + duplicate <= 1")

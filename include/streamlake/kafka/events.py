@@ -1,83 +1,90 @@
-"""Realistic, reproducible sensor readings: the shapes real data has, with labels.
+"""Realistic, reproducible records of any pipeline definition: the shapes real data has, with labels.
 
-:class:`SensorEvents` generates Kafka records (key, value, timestamp) of sensor
-readings and says, for every record, what the pipeline must make of it. With a
-seed and a ``clock`` (a callable returning timezone-aware datetimes, called
-exactly once per record) the same arguments give the same records, byte for
-byte. All fractions 0 (the default) gives the demo producer's plain readings:
-key = sensor id, value = ``{"event_id", "sensor_id", "event_time",
-"temperature"}`` as compact JSON, padded with a ``pad`` field to about
-``value_bytes``, ``event_time`` = the clock's now (ISO-8601, milliseconds,
-``+00:00``); the same seed gives the same bytes as before this module existed.
+:class:`DefinitionEvents` generates Kafka records (key, value, timestamp) for a
+pipeline definition (:mod:`streamlake.pipeline.definition`) and says, for every
+record, what the pipeline must make of it. With a seed and a ``clock`` (a
+callable returning timezone-aware datetimes, called exactly once per record) the
+same definition and arguments give the same records, byte for byte.
+
+The definition's ``datagen`` section says how values look (all optional)::
+
+    datagen:
+      key: FIELD                   # the Kafka key is this field's value (none: a null key)
+      fields:
+        FIELD: {values: [a, b, c]}           # one of these, uniformly
+        FIELD: {prefix: "dev-", count: 64}   # strings: prefix + zero-padded number below count
+        FIELD: {min: 1, max: 500, decimals: 2}  # numbers: uniform; ints integral, decimals at
+                                                # their scale, doubles at `decimals` places (2)
+        FIELD: {null_fraction: 0.7}          # optional fields: this share left out of the JSON
+        FIELD: {format: epoch_ms}            # timestamps: epoch milliseconds (default iso:
+                                             # ISO-8601 with milliseconds and +00:00)
+      violations:                  # values that break each rule (its malformed records)
+        RULE: {FIELD: value}
+
+A field without hints gets: the event id a fresh UUID (an increasing integer for
+int/bigint ids), other strings a short token, numbers 0..100, booleans either,
+dates the clock's date, timestamps the clock's time. Values are exact: decimals
+go into the JSON as number literals with their declared scale.
 
 Each :class:`GeneratedRecord` has a ``kind``:
 
 ``valid``
-    an on-time reading: ``event_time`` = now - uniform(0, ``out_of_order_seconds``),
-    so readings arrive out of order within the allowed lateness (keep
-    ``out_of_order_seconds`` <= the pipeline's allowed lateness, 30 s by
-    default, for "on time" to hold). Lands in silver and gold.
+    an on-time event: event time = now - uniform(0, ``out_of_order_seconds``),
+    so events arrive out of order within the allowed lateness. Lands in silver
+    and in every gold table.
 ``late``
-    a valid reading whose ``event_time`` is 2 to 15 minutes before now: its
-    1-minute window ended at least 60 s before now, so it is behind any
-    watermark (max event time seen - 30 s) that an on-time reading stamped
-    within 30 s of it has advanced. Lands in silver and in late_events (a
-    late record before any on-time one finds no watermark to miss).
+    a valid event whose event time is far enough back to be behind every
+    aggregate's watermark: now - uniform(W + L + 60 s, W + L + 900 s), W the
+    largest window size (or session gap) and L the largest allowed lateness of
+    the definition's aggregates. Lands in silver and in every late_events table
+    (once an on-time event has moved the watermark).
 ``duplicate``
-    the exact key and value bytes of a recent ``valid`` or ``late`` record
-    (one of the last :data:`DUPLICATE_LOOKBACK`), re-sent with a new Kafka
-    timestamp; ``duplicate_of`` is the original's ``seq``. Same key, so same
-    partition, after the original. De-duplication drops it: it adds nothing
-    to silver, gold or late_events. Its event time is the original's (a
-    duplicate of an on-time reading is on time as far as event time goes).
+    the exact key and value bytes of a recent valid or late record (one of the
+    last :data:`DUPLICATE_LOOKBACK`), re-sent with a new Kafka timestamp;
+    ``duplicate_of`` is the original's ``seq``. Only with an ``event_id`` (else a
+    valid record is made instead). De-duplication drops it.
 ``malformed``
-    violates exactly one rule of :data:`streamlake.pipeline.schemas.QUARANTINE_REASONS`;
-    ``reason`` is that code and ``variant`` says how (see :data:`MALFORMED_VARIANTS`).
-    Lands in quarantine with that reason.
+    breaks exactly one check, the first the pipeline makes for it: ``reason`` is
+    that quarantine reason (``not_json``, ``not_object``, ``missing_field``,
+    ``wrong_type``, ``invalid_timestamp``, ``far_future``, or a rule with a
+    ``violations`` hint) and ``variant`` says how.
 
-The Kafka timestamp (``timestamp_ms``) is the same clock reading the event
-time was derived from, and the producer stamps the record with it, so the
-``far_future`` rule (event time more than 1 hour after the Kafka timestamp)
-is decided by the data alone.
+The Kafka timestamp (``timestamp_ms``) is the clock reading the event time was
+derived from, and the producer stamps the record with it, so ``far_future`` is
+decided by the data alone. ``fields`` holds, for valid, late and duplicate
+records, the typed values the pipeline must end up with in silver (str, bool,
+int, float, Decimal, date, aware datetime; absent optional fields None).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import random
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from streamlake.errors import InvalidOptionError
 
 KINDS = ("valid", "late", "duplicate", "malformed")
-# The quarantine's reason codes, in validation order (tests check that they are
-# exactly streamlake.pipeline.schemas.QUARANTINE_REASONS).
-REASONS = ("not_json", "not_object", "missing_field", "wrong_type", "empty_field", "invalid_timestamp",
-           "out_of_range", "far_future")
-# How a malformed record of each reason is made.
+BASE_REASONS = ("not_json", "not_object", "missing_field", "wrong_type", "invalid_timestamp", "far_future")
 MALFORMED_VARIANTS: dict[str, tuple[str, ...]] = {
     "not_json": ("truncated", "text", "empty"),
     "not_object": ("array", "string"),
     "missing_field": ("absent", "null"),
-    "wrong_type": ("temperature_string", "temperature_boolean", "event_id_number", "sensor_id_number",
-                   "event_time_number"),
-    "empty_field": ("event_id_empty", "sensor_id_empty"),
+    "wrong_type": ("wrong_kind",),
     "invalid_timestamp": ("no_offset", "garbage", "impossible_date"),
-    "out_of_range": ("too_hot", "too_cold"),
     "far_future": ("hours_ahead",),
 }
-FIELDS = ("event_id", "sensor_id", "event_time", "temperature")
-LATE_SECONDS = (120.0, 900.0)              # late: event time this far before now
-FAR_FUTURE_SECONDS = (2 * 3600.0, 6 * 3600.0)  # far_future: event time this far after now
-MAX_OUT_OF_ORDER_SECONDS = 60.0            # beyond that, "on time" and "late" would overlap
-DUPLICATE_LOOKBACK = 50                    # duplicates re-send one of the last N valid/late records
-_HOT = (150.0, 80.5)
-_COLD = (-100.0, -60.5)
-_GARBAGE_TIMES = ("yesterday", "N/A", "12:34:56", "not a timestamp", "1762336800123")
+FIELD_HINTS = ("values", "prefix", "count", "min", "max", "decimals", "null_fraction", "format")
+DATAGEN_KEYS = ("key", "fields", "violations", "rate")
+FAR_FUTURE_SECONDS = (3600.0, 5 * 3600.0)  # far_future: this much beyond max_future
+MAX_OUT_OF_ORDER_SECONDS = 60.0
+DUPLICATE_LOOKBACK = 50
+_GARBAGE_TIMES = ("yesterday", "N/A", "12:34:56", "not a timestamp")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -85,20 +92,60 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def check_datagen(definition) -> None:
+    """Raise InvalidOptionError naming the key for a ``datagen`` section the generator
+    cannot follow: unknown keys or hints, hints for undeclared fields, violations of
+    unknown rules or naming undeclared fields."""
+    datagen = dict(definition.datagen or {})
+    unknown = sorted(set(datagen) - set(DATAGEN_KEYS))
+    if unknown:
+        raise InvalidOptionError(f"datagen.{unknown[0]}: unknown key (known: {', '.join(DATAGEN_KEYS)})")
+    names = set(definition.field_names)
+    key = datagen.get("key")
+    if key is not None and key not in names:
+        raise InvalidOptionError(f"datagen.key: {key!r} is not a declared field")
+    rate = datagen.get("rate")
+    if rate is not None and (not isinstance(rate, (int, float)) or rate <= 0):
+        raise InvalidOptionError(f"datagen.rate: records per second must be a positive number, got {rate!r}")
+    for name, hints in (datagen.get("fields") or {}).items():
+        if name not in names:
+            raise InvalidOptionError(f"datagen.fields.{name}: not a declared field")
+        if not isinstance(hints, Mapping):
+            raise InvalidOptionError(f"datagen.fields.{name}: hints are a mapping, e.g. {{values: [a, b]}}")
+        bad = sorted(set(hints) - set(FIELD_HINTS))
+        if bad:
+            raise InvalidOptionError(f"datagen.fields.{name}.{bad[0]}: unknown hint (known: {', '.join(FIELD_HINTS)})")
+        if hints.get("format") not in (None, "iso", "epoch_ms"):
+            raise InvalidOptionError(f"datagen.fields.{name}.format: iso or epoch_ms, got {hints['format']!r}")
+    rules = {r.name for r in definition.rules}
+    for rule, values in (datagen.get("violations") or {}).items():
+        if rule not in rules:
+            raise InvalidOptionError(f"datagen.violations.{rule}: no rule of that name")
+        if not isinstance(values, Mapping) or not values or set(values) - names:
+            raise InvalidOptionError(f"datagen.violations.{rule}: a mapping of declared fields to values that break "
+                                     "the rule")
+
+
+def generatable_reasons(definition) -> tuple[str, ...]:
+    """The quarantine reasons the generator can make for ``definition``, in checking order."""
+    violations = (definition.datagen or {}).get("violations") or {}
+    return BASE_REASONS + tuple(r.name for r in definition.rules if r.name in violations)
+
+
 @dataclass(frozen=True)
 class EventMix:
     """What share of records is of each kind; the rest is ``valid``.
 
-    Raises InvalidOptionError (naming the option) for fractions outside 0..1, a
-    sum of late + malformed + duplicate above 1, ``out_of_order_seconds``
-    outside 0..60, or an unknown reason in ``malformed_reasons``.
+    Raises InvalidOptionError (naming the option) for fractions outside 0..1, a sum
+    of late + malformed + duplicate above 1, ``out_of_order_seconds`` outside 0..60, or
+    an empty ``malformed_reasons``.
     """
 
     late_fraction: float = 0.0
     out_of_order_seconds: float = 0.0
     malformed_fraction: float = 0.0
     duplicate_fraction: float = 0.0
-    malformed_reasons: tuple[str, ...] = REASONS
+    malformed_reasons: tuple[str, ...] | None = None  # None: every reason the definition allows
 
     def __post_init__(self) -> None:
         for name in ("late_fraction", "malformed_fraction", "duplicate_fraction"):
@@ -112,19 +159,12 @@ class EventMix:
                 f"{self.late_fraction} + {self.malformed_fraction} + {self.duplicate_fraction} = {total:g}")
         s = self.out_of_order_seconds
         if not isinstance(s, (int, float)) or isinstance(s, bool) or not 0.0 <= s <= MAX_OUT_OF_ORDER_SECONDS:
-            raise InvalidOptionError(
-                f"out-of-order-seconds must be between 0 and {MAX_OUT_OF_ORDER_SECONDS:g} (on-time events stay "
-                f"within the allowed lateness; late ones are 2 to 15 minutes behind), got {s!r}")
-        reasons = tuple(self.malformed_reasons)
-        unknown = [r for r in reasons if r not in REASONS]
-        if unknown or not reasons:
-            raise InvalidOptionError(f"malformed reasons must be a non-empty subset of {', '.join(REASONS)}; "
-                                     f"got {', '.join(map(str, unknown)) or 'none'}")
-        object.__setattr__(self, "malformed_reasons", reasons)
-
-    @property
-    def valid_fraction(self) -> float:
-        return max(0.0, 1.0 - self.late_fraction - self.malformed_fraction - self.duplicate_fraction)
+            raise InvalidOptionError(f"out-of-order-seconds must be between 0 and {MAX_OUT_OF_ORDER_SECONDS:g}, "
+                                     f"got {s!r}")
+        if self.malformed_reasons is not None:
+            if not self.malformed_reasons:
+                raise InvalidOptionError("malformed reasons must not be empty")
+            object.__setattr__(self, "malformed_reasons", tuple(self.malformed_reasons))
 
 
 @dataclass(frozen=True)
@@ -132,17 +172,16 @@ class GeneratedRecord:
     """One Kafka record and what the pipeline must make of it."""
 
     seq: int                      # 0-based position in the generated sequence
-    key: bytes                    # the sensor id the reading came from
+    key: bytes | None
     value: bytes
     timestamp_ms: int             # Kafka CreateTime the producer stamps (the clock reading)
     kind: str                     # valid | late | duplicate | malformed
-    reason: str | None = None     # malformed: the expected QUARANTINE_REASONS code
-    variant: str | None = None    # malformed: how the rule is broken (MALFORMED_VARIANTS)
-    event_id: str | None = None   # the value's event_id when it is an object with a string event_id
-    sensor_id: str | None = None  # valid, late, duplicate: the parsed reading
-    event_time: dt.datetime | None = None
-    temperature: float | None = None
-    duplicate_of: int | None = None  # duplicate: seq of the original
+    reason: str | None = None     # malformed: the expected quarantine reason
+    variant: str | None = None    # malformed: how it is broken
+    event_id: str | None = None   # the event id as text, when the value carries one
+    event_time: dt.datetime | None = None  # valid, late, duplicate
+    fields: dict | None = None    # valid, late, duplicate: the typed values silver must hold
+    duplicate_of: int | None = None
 
     @property
     def timestamp(self) -> dt.datetime:
@@ -156,32 +195,69 @@ class GeneratedRecord:
                 "duplicate_of": self.duplicate_of}
 
 
-class SensorEvents:
-    """Deterministic generator of labelled sensor readings (see the module docstring).
+class _Number(float):
+    """A number written into JSON as its exact literal (decimals keep their digits)."""
 
-    ``seed``: same seed and same clock readings, same records (``None``: random).
-    ``clock``: returns the "now" of each record (timezone-aware); default: UTC wall clock.
+    def __new__(cls, text: str):
+        obj = super().__new__(cls, float(text))
+        obj.text = text
+        return obj
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _encode(obj: dict) -> str:
+    """Compact JSON; :class:`_Number` values as their literal text."""
+    parts = []
+    for name, value in obj.items():
+        text = value.text if isinstance(value, _Number) else json.dumps(value)
+        parts.append(f"{json.dumps(name)}:{text}")
+    return "{" + ",".join(parts) + "}"
+
+
+class DefinitionEvents:
+    """Deterministic generator of labelled records of ``definition`` (see the module docstring).
+
+    ``seed``: same seed and same clock readings, same records (None: random).
+    ``clock``: the "now" of each record (timezone-aware); default: the UTC wall clock.
+    ``value_bytes``: pad every JSON object with an undeclared ``pad`` field to about that size.
     """
 
-    def __init__(self, seed: int | None = None, *, sensors: int = 64, value_bytes: int = 256,
+    def __init__(self, definition, seed: int | None = None, *, value_bytes: int | None = None,
                  late_fraction: float = 0.0, out_of_order_seconds: float = 0.0, malformed_fraction: float = 0.0,
                  duplicate_fraction: float = 0.0, malformed_reasons: Sequence[str] | None = None,
                  clock: Callable[[], dt.datetime] | None = None, mix: EventMix | None = None):
-        if sensors < 1 or value_bytes < 1:
-            raise InvalidOptionError("sensors >= 1 and value-bytes >= 1 are required")
+        check_datagen(definition)
+        self.definition = definition
         self.mix = mix or EventMix(late_fraction, out_of_order_seconds, malformed_fraction, duplicate_fraction,
-                                   tuple(malformed_reasons) if malformed_reasons is not None else REASONS)
-        # The readings' content comes from ``rng`` in the order the original demo
-        # generator drew it, so all-zero fractions give the same bytes as before;
-        # kinds, disorder and corruptions come from a second stream.
+                                   tuple(malformed_reasons) if malformed_reasons is not None else None)
+        possible = generatable_reasons(definition)
+        reasons = self.mix.malformed_reasons or possible
+        unknown = [r for r in reasons if r not in possible]
+        if unknown:
+            raise InvalidOptionError(f"cannot generate malformed records of {', '.join(unknown)} for pipeline "
+                                     f"{definition.name} (possible: {', '.join(possible)}; a rule needs a "
+                                     "datagen.violations entry)")
+        self.reasons = tuple(reasons)
+        if value_bytes is not None and value_bytes < 1:
+            raise InvalidOptionError("value-bytes must be at least 1")
+        self.value_bytes = value_bytes
+        self.seed = seed
         self.rng = random.Random(seed)
         self.aux = random.Random(f"streamlake-events:{seed}") if seed is not None else random.Random()
-        self.sensors = [f"sensor-{i:04d}" for i in range(sensors)]
-        self.base = {s: self.rng.uniform(15.0, 25.0) for s in self.sensors}
-        self.value_bytes = value_bytes
         self.clock = clock or utc_now
         self.seq = 0
+        self._ids = 0
         self._recent: deque[GeneratedRecord] = deque(maxlen=DUPLICATE_LOOKBACK)
+        datagen = dict(definition.datagen or {})
+        self.hints: dict[str, Mapping] = dict(datagen.get("fields") or {})
+        self.key_field: str | None = datagen.get("key")
+        self.violations: dict[str, Mapping] = dict(datagen.get("violations") or {})
+        aggs = definition.aggregates
+        window = max((a.window.size_ms for a in aggs), default=60_000) / 1000
+        lateness = max((a.allowed_lateness_ms for a in aggs), default=30_000) / 1000
+        self.late_seconds = (window + lateness + 60.0, window + lateness + 900.0)
 
     # -- public -------------------------------------------------------------
 
@@ -189,14 +265,15 @@ class SensorEvents:
         now = self._now()
         mix, u = self.mix, self.aux.random()
         if u < mix.late_fraction:
-            record = self._reading(now, "late", now - dt.timedelta(seconds=self.aux.uniform(*LATE_SECONDS)))
+            record = self._valid(now, "late", now - dt.timedelta(seconds=self.aux.uniform(*self.late_seconds)))
         elif u < mix.late_fraction + mix.malformed_fraction:
             record = self._malformed(now)
-        elif u < mix.late_fraction + mix.malformed_fraction + mix.duplicate_fraction and self._recent:
+        elif u < mix.late_fraction + mix.malformed_fraction + mix.duplicate_fraction and self._recent \
+                and self.definition.event_id:
             record = self._duplicate(now)
         else:
             jitter = self.aux.uniform(0.0, mix.out_of_order_seconds) if mix.out_of_order_seconds else 0.0
-            record = self._reading(now, "valid", now - dt.timedelta(seconds=jitter))
+            record = self._valid(now, "valid", now - dt.timedelta(seconds=jitter))
         if record.kind in ("valid", "late"):
             self._recent.append(record)
         self.seq += 1
@@ -209,7 +286,7 @@ class SensorEvents:
         while True:
             yield self.next()
 
-    # -- kinds --------------------------------------------------------------
+    # -- values -------------------------------------------------------------
 
     def _now(self) -> dt.datetime:
         now = self.clock()
@@ -217,107 +294,190 @@ class SensorEvents:
             raise ValueError(f"the clock must return timezone-aware datetimes, got {now!r}")
         return now.astimezone(dt.timezone.utc)
 
-    def _event(self) -> dict:
-        """A fresh reading's fields (event_time filled in by the caller)."""
-        sensor = self.rng.choice(self.sensors)
-        return {
-            "event_id": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
-            "sensor_id": sensor,
-            "event_time": None,
-            "temperature": round(self.base[sensor] + self.rng.gauss(0, 0.5), 2),
-        }
+    def _typed(self, f, now: dt.datetime):
+        """A fresh typed value of field ``f`` (None: an optional field left out)."""
+        hints, kind, rng = self.hints.get(f.name, {}), f.type.kind, self.rng
+        if not f.required and rng.random() < float(hints.get("null_fraction", 0.0)):
+            return None
+        if "values" in hints:
+            return _typed_literal(rng.choice(list(hints["values"])), f.type)
+        if f.name == self.definition.event_id:
+            if kind in ("int", "bigint"):
+                self._ids += 1
+                return self._ids
+            return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        if kind == "string":
+            if "prefix" in hints:
+                count = int(hints.get("count", 100))
+                return f"{hints['prefix']}{rng.randrange(count):0{len(str(max(count - 1, 1)))}d}"
+            return f"{rng.getrandbits(32):08x}"
+        if kind == "boolean":
+            return rng.random() < 0.5
+        if kind in ("int", "bigint", "double", "decimal"):
+            low, high = float(hints.get("min", 0)), float(hints.get("max", 100))
+            if kind in ("int", "bigint"):
+                return rng.randint(int(low), int(high))
+            value = rng.uniform(low, high)
+            if kind == "double":
+                return round(value, int(hints.get("decimals", 2)))
+            return decimal.Decimal(f"{value:.{f.type.scale}f}")
+        if kind == "date":
+            return now.date()
+        return now.replace(microsecond=(now.microsecond // 1000) * 1000)
 
-    def _reading(self, now: dt.datetime, kind: str, event_time: dt.datetime) -> GeneratedRecord:
-        event = self._event()
-        event["event_time"] = _iso(event_time)
-        return GeneratedRecord(
-            self.seq, event["sensor_id"].encode(), self._encode(event), _ms(now), kind,
-            event_id=event["event_id"], sensor_id=event["sensor_id"],
-            event_time=dt.datetime.fromisoformat(event["event_time"]), temperature=event["temperature"])
+    def _json_value(self, f, value):
+        """A typed value as the JSON carries it."""
+        if value is None:
+            return None
+        kind = f.type.kind
+        if kind == "decimal":
+            return _Number(str(value))
+        if kind == "date":
+            return value.isoformat()
+        if kind == "timestamp":
+            if self.hints.get(f.name, {}).get("format") == "epoch_ms":
+                return _ms(value)
+            return _iso(value)
+        return value
+
+    def _event(self, now: dt.datetime, event_time: dt.datetime) -> dict:
+        """Typed values of a fresh valid event (absent optional fields: None)."""
+        values = {}
+        for f in self.definition.fields:
+            values[f.name] = event_time.replace(microsecond=(event_time.microsecond // 1000) * 1000) \
+                if f.name == self.definition.event_time else self._typed(f, now)
+        return values
+
+    def _body(self, values: dict) -> dict:
+        """The JSON object of typed values (optional None values left out)."""
+        out = {}
+        for f in self.definition.fields:
+            value = values.get(f.name)
+            if value is None and not f.required:
+                continue
+            out[f.name] = self._json_value(f, value)
+        return out
+
+    def _bytes(self, body: dict) -> bytes:
+        text = _encode(body)
+        if self.value_bytes:
+            pad = self.value_bytes - len(text) - len(',"pad":""')
+            if pad > 0:
+                text = text[:-1] + ',"pad":"' + "x" * pad + '"}'
+        return text.encode()
+
+    def _key(self, values: dict) -> bytes | None:
+        if not self.key_field or values.get(self.key_field) is None:
+            return None
+        return str(values[self.key_field]).encode()
+
+    def _id_text(self, values: dict) -> str | None:
+        event_id = self.definition.event_id
+        return None if not event_id or values.get(event_id) is None else str(values[event_id])
+
+    # -- kinds --------------------------------------------------------------
+
+    def _valid(self, now: dt.datetime, kind: str, event_time: dt.datetime) -> GeneratedRecord:
+        values = self._event(now, event_time)
+        return GeneratedRecord(self.seq, self._key(values), self._bytes(self._body(values)), _ms(now), kind,
+                               event_id=self._id_text(values), event_time=values[self.definition.event_time],
+                               fields=values)
 
     def _duplicate(self, now: dt.datetime) -> GeneratedRecord:
         original = self.aux.choice(self._recent)
-        return GeneratedRecord(
-            self.seq, original.key, original.value, _ms(now), "duplicate", event_id=original.event_id,
-            sensor_id=original.sensor_id, event_time=original.event_time, temperature=original.temperature,
-            duplicate_of=original.seq)
+        return GeneratedRecord(self.seq, original.key, original.value, _ms(now), "duplicate",
+                               event_id=original.event_id, event_time=original.event_time,
+                               fields=original.fields, duplicate_of=original.seq)
 
     def _malformed(self, now: dt.datetime) -> GeneratedRecord:
-        aux = self.aux
-        reason = aux.choice(self.mix.malformed_reasons)
-        variant = aux.choice(MALFORMED_VARIANTS[reason])
-        event = self._event()
-        key = event["sensor_id"].encode()
-        event["event_time"] = _iso(now)
+        aux, d = self.aux, self.definition
+        reason = aux.choice(self.reasons)
+        values = self._event(now, now)
+        body = self._body(values)
+        variant = aux.choice(MALFORMED_VARIANTS.get(reason, ("violation",)))
         value: bytes | None = None
         if reason == "not_json":
             if variant == "truncated":
-                body = self._encode(event)
-                value = body[:aux.randint(1, len(body) - 1)]
+                full = self._bytes(body)
+                value = full[:aux.randint(1, len(full) - 1)]
             elif variant == "text":
-                value = f"{event['sensor_id']},{event['event_time']},{event['temperature']}".encode()
+                value = ",".join(str(v) for v in body.values()).encode() or b"x"
+                if value[:1] in (b"[", b"{", b'"') or value.strip().lstrip(b"-").replace(b".", b"").isdigit():
+                    value = b"text: " + value
             else:
                 value = b""
         elif reason == "not_object":
-            body = self._encode(event).decode()
-            value = ("[" + body + "]" if variant == "array" else json.dumps(body)).encode()
+            text = _encode(body)
+            value = ("[" + text + "]" if variant == "array" else json.dumps(text)).encode()
         elif reason == "missing_field":
-            name = aux.choice(FIELDS)
+            name = aux.choice(d.required)
             if variant == "absent":
-                del event[name]
+                body.pop(name, None)
             else:
-                event[name] = None
+                body[name] = None
             variant = f"{variant}:{name}"
         elif reason == "wrong_type":
-            if variant == "temperature_string":
-                event["temperature"] = str(event["temperature"])
-            elif variant == "temperature_boolean":
-                event["temperature"] = aux.random() < 0.5
-            elif variant == "event_id_number":
-                event["event_id"] = aux.randint(1, 10**9)
-            elif variant == "sensor_id_number":
-                event["sensor_id"] = int(event["sensor_id"].rsplit("-", 1)[1])
-            else:
-                event["event_time"] = _ms(now)
-        elif reason == "empty_field":
-            event["event_id" if variant == "event_id_empty" else "sensor_id"] = ""
+            name = aux.choice([f.name for f in d.fields if f.name in body])
+            body[name] = _wrong_kind(d.field(name).type.kind, aux)
+            variant = f"wrong_kind:{name}"
         elif reason == "invalid_timestamp":
-            if variant == "no_offset":
-                event["event_time"] = now.replace(tzinfo=None).isoformat(timespec="milliseconds")
+            times = [f for f in d.fields if f.type.kind in ("timestamp", "date") and f.name in body]
+            f = aux.choice(times)
+            if f.type.kind == "date":
+                body[f.name] = f"{now.year:04d}-13-45"
+            elif variant == "no_offset":
+                body[f.name] = now.replace(tzinfo=None).isoformat(timespec="milliseconds")
             elif variant == "garbage":
-                event["event_time"] = aux.choice(_GARBAGE_TIMES)
+                body[f.name] = aux.choice(_GARBAGE_TIMES)
             else:
-                event["event_time"] = f"{now.year:04d}-13-{now.day:02d}" + event["event_time"][10:]
-        elif reason == "out_of_range":
-            event["temperature"] = aux.choice(_HOT if variant == "too_hot" else _COLD)
-        else:  # far_future
-            event["event_time"] = _iso(now + dt.timedelta(seconds=aux.uniform(*FAR_FUTURE_SECONDS)))
+                body[f.name] = f"{now.year:04d}-13-{now.day:02d}" + _iso(now)[10:]
+            variant = f"{variant}:{f.name}"
+        elif reason == "far_future":
+            ahead = d.max_future_ms / 1000 + aux.uniform(*FAR_FUTURE_SECONDS)
+            field_def = d.field(d.event_time)
+            body[d.event_time] = self._json_value(field_def, now + dt.timedelta(seconds=ahead))
+        else:  # a rule, broken with its datagen.violations values
+            for name, broken in self.violations[reason].items():
+                values[name] = _typed_literal(broken, d.field(name).type)
+                body[name] = self._json_value(d.field(name), values[name])
         if value is None:
-            value = self._encode(event)
-        event_id = event.get("event_id") if reason not in ("not_json", "not_object") else None
-        return GeneratedRecord(self.seq, key, value, _ms(now), "malformed", reason=reason, variant=variant,
-                               event_id=event_id if isinstance(event_id, str) else None)
-
-    def _encode(self, event: dict) -> bytes:
-        body = json.dumps(event, separators=(",", ":"))
-        pad = self.value_bytes - len(body) - len(',"pad":""')
-        if pad > 0:
-            body = body[:-1] + ',"pad":"' + "x" * pad + '"}'
-        return body.encode()
+            value = self._bytes(body)
+        event_id = d.event_id
+        text_id = body.get(event_id) if event_id and reason not in ("not_json", "not_object") else None
+        return GeneratedRecord(self.seq, self._key(values), value, _ms(now), "malformed", reason=reason,
+                               variant=variant, event_id=str(text_id) if text_id is not None else None)
 
 
-class SensorReadings:
-    """The original demo generator's interface: ``next(now)`` -> (key, value) of a valid reading."""
+def _typed_literal(value, ftype):
+    """A YAML value (from datagen) as the field's Python type."""
+    if value is None:
+        return None
+    if ftype.kind == "decimal":
+        return decimal.Decimal(str(value)).quantize(decimal.Decimal(1).scaleb(-ftype.scale))
+    if ftype.kind == "double":
+        return float(value)
+    if ftype.kind in ("int", "bigint"):
+        return int(value)
+    if ftype.kind == "timestamp" and isinstance(value, str):
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if ftype.kind == "date" and isinstance(value, str):
+        return dt.date.fromisoformat(value)
+    return value
 
-    def __init__(self, seed: int | None = None, sensors: int = 64, value_bytes: int = 256):
-        self._now: dt.datetime | None = None
-        self._events = SensorEvents(seed, sensors=sensors, value_bytes=value_bytes,
-                                    clock=lambda: self._now or utc_now())
 
-    def next(self, now: dt.datetime | None = None) -> tuple[bytes, bytes]:
-        self._now = now
-        record = self._events.next()
-        return record.key, record.value
+def _wrong_kind(kind: str, aux: random.Random):
+    """A JSON value that does not convert to ``kind`` without loss."""
+    if kind == "string":
+        return aux.randint(1, 10**9)
+    if kind in ("int", "bigint"):
+        return aux.choice([12.5, "42", True])
+    if kind in ("double", "decimal"):
+        return aux.choice(["12.5", True])
+    if kind == "boolean":
+        return aux.choice(["true", 1])
+    if kind == "timestamp":
+        return aux.choice([True, 1762336800.5])
+    return aux.choice([20261125, True])  # date
 
 
 # -- expectations --------------------------------------------------------------
@@ -333,15 +493,15 @@ class Expected:
     duplicates: int = 0                                 # records de-duplication drops
 
 
-def count_kinds(records: Iterable[GeneratedRecord]) -> tuple[dict[str, int], dict[str, int]]:
-    """(records per kind, malformed records per reason), every kind and reason present."""
+def count_kinds(records: Iterable[GeneratedRecord], reasons: Sequence[str] = ()) -> tuple[dict[str, int], dict[str, int]]:
+    """(records per kind, malformed records per reason), every kind and given reason present."""
     kinds = dict.fromkeys(KINDS, 0)
-    reasons = dict.fromkeys(REASONS, 0)
+    counts = dict.fromkeys(reasons, 0)
     for record in records:
         kinds[record.kind] += 1
         if record.reason:
-            reasons[record.reason] += 1
-    return kinds, reasons
+            counts[record.reason] = counts.get(record.reason, 0) + 1
+    return kinds, counts
 
 
 def expected(records: Iterable[GeneratedRecord]) -> Expected:

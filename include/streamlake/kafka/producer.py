@@ -1,13 +1,12 @@
-"""Demo and test data: sensor readings produced to Kafka.
+"""Demo and test data: records of a pipeline definition produced to Kafka.
 
-Each record: key = sensor id, value = JSON with a unique ``event_id``,
-``sensor_id``, ``event_time`` (ISO-8601, UTC) and ``temperature``, padded with a
-``pad`` field to about ``value_bytes`` bytes. The same seed gives the same
-sensors, event ids and temperatures. Late, out-of-order, malformed and
-duplicate records can be mixed in (:mod:`streamlake.kafka.events` makes them
-and says what each is); every record is stamped with the Kafka timestamp its
-event time was derived from. A manifest (JSON lines) can record where each
-record landed and what it is.
+Each record is a JSON object of the definition's fields
+(:mod:`streamlake.kafka.events` makes them, from the definition's ``datagen``
+hints, and says what each is), optionally padded with a ``pad`` field to about
+``value_bytes`` bytes. The same seed gives the same values. Late, out-of-order,
+malformed and duplicate records can be mixed in; every record is stamped with
+the Kafka timestamp its event time was derived from. A manifest (JSON lines)
+can record where each record landed and what it is.
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamlake.errors import InvalidOptionError, KafkaUnavailableError
 from streamlake.kafka.client import api_timeout_s, client_config, librdkafka_config
-from streamlake.kafka.events import KINDS, REASONS, EventMix, GeneratedRecord, SensorEvents, SensorReadings
+from streamlake.kafka.events import KINDS, DefinitionEvents, EventMix, GeneratedRecord
 
-__all__ = ["ProduceSummary", "SensorEvents", "SensorReadings", "ensure_topic", "produce_sensor_readings",
-           "summary_dict"]
+__all__ = ["ProduceSummary", "ensure_topic", "produce_records", "summary_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +76,15 @@ class ProduceSummary:
     manifest: str | None = None
 
 
-def produce_sensor_readings(topic: str, count: int, partitions: int = 3, rate: float | None = None,
-                            value_bytes: int = 256, seed: int | None = None,
-                            options: Mapping[str, str] | None = None, progress: bool = True,
-                            should_stop=lambda: False, *, late_fraction: float = 0.0,
-                            out_of_order_seconds: float = 0.0, malformed_fraction: float = 0.0,
-                            duplicate_fraction: float = 0.0, malformed_reasons: Sequence[str] | None = None,
-                            one_per_batch: bool = False, manifest_path: str | Path | None = None,
-                            clock: Callable[[], dt.datetime] | None = None) -> ProduceSummary:
-    """Produce ``count`` readings (0 = until ``should_stop()``), at most ``rate`` per second.
+def produce_records(definition, topic: str | None = None, count: int = 1000, partitions: int = 3,
+                    rate: float | None = None, value_bytes: int | None = None, seed: int | None = None,
+                    options: Mapping[str, str] | None = None, progress: bool = True, should_stop=lambda: False, *,
+                    late_fraction: float = 0.0, out_of_order_seconds: float = 0.0, malformed_fraction: float = 0.0,
+                    duplicate_fraction: float = 0.0, malformed_reasons: Sequence[str] | None = None,
+                    one_per_batch: bool = False, manifest_path: str | Path | None = None,
+                    clock: Callable[[], dt.datetime] | None = None) -> ProduceSummary:
+    """Produce ``count`` records of ``definition`` (0 = until ``should_stop()``) to ``topic``
+    (default: the definition's first topic), at most ``rate`` per second.
 
     ``late_fraction``, ``malformed_fraction``, ``duplicate_fraction`` and
     ``out_of_order_seconds`` shape the data (see :mod:`streamlake.kafka.events`);
@@ -101,21 +99,25 @@ def produce_sensor_readings(topic: str, count: int, partitions: int = 3, rate: f
     Raises InvalidOptionError for bad arguments (before connecting) and
     KafkaUnavailableError if records could not be delivered.
     """
-    if count < 0 or partitions < 1 or value_bytes < 1 or (rate is not None and rate <= 0):
+    topic = topic or (definition.topics[0] if definition.topics else None)
+    if not topic:
+        raise InvalidOptionError(f"pipeline {definition.name} reads a topic pattern: give the topic to produce to")
+    if count < 0 or partitions < 1 or (value_bytes is not None and value_bytes < 1) or \
+            (rate is not None and rate <= 0):
         raise InvalidOptionError("count >= 0, partitions >= 1, value-bytes >= 1 and rate > 0 are required")
     mix = EventMix(late_fraction, out_of_order_seconds, malformed_fraction, duplicate_fraction,
-                   tuple(malformed_reasons) if malformed_reasons is not None else REASONS)
+                   tuple(malformed_reasons) if malformed_reasons is not None else None)
+    events = DefinitionEvents(definition, seed, value_bytes=value_bytes, mix=mix, clock=clock)
     conf = client_config({f"kafka.{k}": v for k, v in (options or {}).items()})
     if manifest_path is None:
-        return _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop,
-                        one_per_batch, None, clock)
+        return _produce(conf, topic, count, partitions, rate, events, progress, should_stop, one_per_batch, None)
     with open(manifest_path, "w", encoding="utf-8") as manifest:
-        return _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop,
-                        one_per_batch, manifest, clock)
+        return _produce(conf, topic, count, partitions, rate, events, progress, should_stop, one_per_batch,
+                        manifest)
 
 
-def _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progress, should_stop, one_per_batch,
-             manifest, clock) -> ProduceSummary:
+def _produce(conf, topic, count, partitions, rate, events: DefinitionEvents, progress, should_stop, one_per_batch,
+             manifest) -> ProduceSummary:
     created = ensure_topic(conf, topic, partitions)
     settings = librdkafka_config(conf)
     if one_per_batch:
@@ -124,9 +126,8 @@ def _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progr
     settings.setdefault("enable.idempotence", "true")
     settings.setdefault("acks", "all")
     producer = Producer(settings, logger=logging.getLogger("streamlake.librdkafka.producer"))
-    readings = SensorEvents(seed, value_bytes=value_bytes, mix=mix, clock=clock)
     kinds = dict.fromkeys(KINDS, 0)
-    reasons = dict.fromkeys(REASONS, 0)
+    reasons = dict.fromkeys(events.reasons, 0)
     failures: list[str] = []
 
     def on_delivery(err, _msg) -> None:
@@ -155,7 +156,7 @@ def _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progr
                 if ahead > 0:
                     time.sleep(min(ahead, 0.5))
                     continue
-            record = readings.next()
+            record = events.next()
             callback = on_delivery if manifest is None else functools.partial(on_delivery_manifest, record)
             while True:
                 try:
@@ -185,7 +186,7 @@ def _produce(conf, topic, count, partitions, rate, value_bytes, seed, mix, progr
     seconds = time.monotonic() - started
     return ProduceSummary(topic, sent, size, partitions, round(seconds, 2),
                           round(sent / seconds, 1) if seconds else 0.0, created, kinds=kinds,
-                          reasons=reasons, seed=seed, one_per_batch=one_per_batch,
+                          reasons=reasons, seed=events.seed, one_per_batch=one_per_batch,
                           manifest=manifest.name if manifest is not None else None)
 
 

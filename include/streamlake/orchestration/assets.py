@@ -1,15 +1,15 @@
-"""The pipeline's tables as Airflow Assets, so the UI shows which task writes which table
-and what feeds what (Kafka topic -> bronze -> silver/quarantine -> gold/late_events).
+"""A job's tables as Airflow Assets, so the UI shows which task writes which table and what
+feeds what (Kafka topic -> bronze -> silver/quarantine -> gold/<aggregate>, late_events/<aggregate>).
 
-Assets are declared when DAG files are parsed, for the demo job's tables (the
-job a DAG's params default to); URIs are the tables' ``file://`` locations.
+Assets are declared when DAG files are parsed, for every table of every pipeline;
+names are ``<job>.<table>``, URIs the tables' ``file://`` locations.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Asset
 
-from streamlake.operations.jobs import STAGE_TABLES, load_job
+from streamlake.operations.jobs import load_job
 
 
 def table_assets(job_name: str) -> dict[str, Asset]:
@@ -25,6 +25,6 @@ def topic_assets(job_name: str) -> list[Asset]:
             for topic in job.source_topics]
 
 
-def stage_outputs(job_name: str, stages: tuple[str, ...] = ("bronze", "silver", "gold")) -> list[Asset]:
-    assets = table_assets(job_name)
-    return [assets[t] for stage in stages for t in STAGE_TABLES[stage] if t in assets]
+def stage_outputs(job_name: str) -> list[Asset]:
+    """Every table the job's stages write (what an ingest run produces)."""
+    return list(table_assets(job_name).values())

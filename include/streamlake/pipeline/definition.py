@@ -7,21 +7,21 @@ gold table each) the pipeline keeps. Silver, quarantine, gold, late events,
 backfills, the checks, the quality suites, the DAGs and the views are all
 derived from it (README, *Pipeline definitions*)::
 
-    name: orders
-    topics: [orders]
+    name: clicks
+    topics: [clicks]
     format: json
-    event_time: ts
-    event_id: order_id
-    schema: {order_id: string, amount: decimal(12,2), ts: timestamp, ...}
-    optional: [coupon]
+    event_time: clicked_at
+    event_id: click_id
+    schema: {click_id: string, page: string, dwell_ms: bigint, clicked_at: timestamp, ...}
+    optional: [referrer]
     rules:
-      - {name: positive_amount, check: "amount > 0"}
+      - {name: dwell_not_negative, check: "dwell_ms >= 0"}
     aggregates:
-      - name: revenue_5m
-        keys: [customer]
-        window: tumbling:5m
+      - name: per_page_1m
+        keys: [page]
+        window: tumbling:1m
         allowed_lateness: 30s
-        measures: {orders: count(*), revenue: sum(amount)}
+        measures: {clicks: count(*), dwell: sum(dwell_ms)}
 
 :func:`load_definition` reads and checks a file without Spark and raises
 :class:`DefinitionError` naming the key that is wrong; :func:`check_rules`
@@ -72,8 +72,8 @@ BASE_REASONS: dict[str, str] = {
 
 
 class DefinitionError(StreamLakeError, ValueError):
-    """A definition is not valid. ``key`` names where (``schema.amount``,
-    ``aggregates[1].measures.revenue``); the message says what is wrong."""
+    """A definition is not valid. ``key`` names where (``schema.page``,
+    ``aggregates[1].measures.dwell``); the message says what is wrong."""
 
     def __init__(self, key: str, message: str, source: str | None = None):
         self.key, self.message, self.source = key, message, source
@@ -261,8 +261,8 @@ def _duration(data: Mapping, key: str, default: str, parse=parse_duration_ms) ->
 def _fields(data: Mapping) -> tuple[Field, ...]:
     schema = data.get("schema")
     if not isinstance(schema, Mapping) or not schema:
-        raise DefinitionError("schema", "must map each field to its type, e.g. {order_id: string, "
-                                        "amount: decimal(12,2), ts: timestamp}")
+        raise DefinitionError("schema", "must map each field to its type, e.g. {click_id: string, "
+                                        "price: decimal(12,2), clicked_at: timestamp}")
     optional = _names(data.get("optional"), "optional")
     lowered: dict[str, str] = {}
     out = []
@@ -310,7 +310,7 @@ def _rules(data: Mapping, fields: tuple[Field, ...]) -> tuple[Rule, ...]:
             raise DefinitionError(f"{key}.name", f"duplicate rule name {name!r}")
         if not isinstance(check, str) or not check.strip():
             raise DefinitionError(f"{key}.check", "must be a Spark SQL boolean expression over the fields, "
-                                                  "e.g. \"amount > 0\"")
+                                                  "e.g. \"dwell_ms >= 0\"")
         out.append(Rule(name, check.strip()))
     return tuple(out)
 

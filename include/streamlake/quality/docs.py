@@ -61,10 +61,11 @@ def site_config() -> dict:
     }
 
 
-def gx_context(register_suites: bool = True):
+def gx_context(definitions=None):
     """An ephemeral GX context: in-memory suites, file-backed validation results, the
-    Data Docs site, a Spark data source; with every table's suite registered (so the
-    Data Docs index lists them all)."""
+    Data Docs site, a Spark data source; with the suites of every table of
+    ``definitions`` registered (default: every definition in the pipelines directory),
+    so the Data Docs index lists them all."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
@@ -79,11 +80,16 @@ def gx_context(register_suites: bool = True):
         "class_name": "TupleFilesystemStoreBackend", "base_directory": str(validations_dir())}
     context = gx.get_context(mode="ephemeral", project_config=cfg)
     context.add_data_docs_site(SITE, site_config())
-    if register_suites:
-        from streamlake.quality.suites import build_suite, tables
+    from streamlake.quality.suites import build_suite, pipeline_suites
 
-        for table in tables():
-            context.suites.add(build_suite(table))
+    if definitions is None:
+        from streamlake.operations.jobs import definition_files
+        from streamlake.pipeline.definition import load_definition
+
+        definitions = [load_definition(path) for path in definition_files().values()]
+    for definition in definitions:
+        for table in pipeline_suites(definition):
+            replace_suite(context, build_suite(table, definition))
     return context
 
 

@@ -1,28 +1,32 @@
-"""Expectation suites for the pipeline's tables, as code versioned with the repository.
+"""Expectation suites of a pipeline's tables, derived from its definition.
 
-One suite per table (``bronze``, ``silver``, ``quarantine``, ``gold``,
-``late_events``), built from the table contracts in
-:mod:`streamlake.pipeline.schemas` and :mod:`streamlake.pipeline.bronze`:
+One suite per table (``bronze``, ``silver``, ``quarantine``, and each
+aggregate's ``gold/<aggregate>`` and ``late_events/<aggregate>``), built from
+the table contracts in :mod:`streamlake.pipeline.schemas` and the pipeline
+definition (:mod:`streamlake.pipeline.definition`):
 
 * **schema**: the exact column set, and each column's Spark type;
-* **nulls**: the columns a row cannot do without;
-* **value ranges**: temperature -60..80 °C in silver and late events, offsets
-  and partitions >= 0 in bronze, ``count >= 1`` in gold;
-* **uniqueness**: ``event_id`` in silver, the Kafka record (topic, partition,
-  offset) in bronze and quarantine, the window key in gold;
-* **gold window consistency**: ``window_end > window_start``,
-  ``min <= avg <= max``, ``count >= 1``;
-* **quarantine reasons** from :data:`~streamlake.pipeline.schemas.QUARANTINE_REASONS`;
-* **freshness**: the newest event time of the validated rows is at most
-  ``max_age_s`` old. Only while the job runs (a stopped job's data is
-  legitimately old), and only when there are rows to judge.
+* **nulls**: the columns a row cannot do without (the definition's required
+  fields, lineage, the keys and windows of gold);
+* **rules**: every rule of the definition holds for every silver row (a Spark
+  SQL query for the rows where it does not);
+* **uniqueness**: the event id in silver (with an ``event_id``), the Kafka record
+  (topic, partition, offset) in bronze and quarantine, the window key in gold;
+* **gold window consistency**: ``window_end > window_start``, at least one event
+  per window, ``count(*)`` measures equal to the window's events, and for a field
+  with min, max (and avg) measures ``min <= avg <= max``;
+* **quarantine reasons** from the definition's reasons;
+* **freshness**: the newest time of the validated rows is at most ``max_age_s``
+  old. Only while the job runs (a stopped job's data is legitimately old), and
+  only when there are rows to judge.
 
 Every check has a stable ``key`` (unique in its suite; results, tests and the
 UI refer to it) and a GX ``severity``: ``critical`` fails the operation's task,
 ``warning`` lets it succeed and flags the result, ``info`` is only recorded.
 The platform decides pass/fail from these severities
 (:mod:`streamlake.quality.validate`), not from the suite's own ``success``,
-which ignores them.
+which ignores them. Suites are named ``streamlake.<pipeline>.<table>`` (``/``
+as ``.``), bronze of a job without a definition ``streamlake.bronze``.
 
 Every expectation used here is tested on pyspark 4.2.0 with ANSI mode on
 (``tests/test_quality_suites.py``); GX 1.24.1 declares ``pyspark<4.2``.
@@ -41,9 +45,9 @@ if TYPE_CHECKING:
     from streamlake.delta.table import TableSpec
 
 SEVERITIES = ("critical", "warning", "info")
-TABLES = ("bronze", "silver", "quarantine", "gold", "late_events")
 DEFAULT_MAX_AGE_S = 15 * 60
 SUITE_PREFIX = "streamlake"
+LINEAGE = ("topic", "partition", "offset")
 
 
 @dataclass(frozen=True)
@@ -84,18 +88,17 @@ class SuiteSpec:
     and the columns that identify a failing row in the results' examples."""
 
     table: str
+    name: str
     spec: TableSpec
     checks: tuple[Check, ...]
     freshness_column: str
     example_columns: tuple[str, ...]
 
-    @property
-    def name(self) -> str:
-        return suite_name(self.table)
 
-
-def suite_name(table: str) -> str:
-    return f"{SUITE_PREFIX}.{table}"
+def suite_name(table: str, definition=None) -> str:
+    """``streamlake.<pipeline>.<table>`` (``/`` as ``.``; ``streamlake.bronze`` without a definition)."""
+    parts = [SUITE_PREFIX] + ([definition.name] if definition is not None else []) + table.split("/")
+    return ".".join(parts)
 
 
 def spark_type_name(arrow_type) -> str:
@@ -149,94 +152,125 @@ def greater(key: str, a: str, b: str, or_equal: bool, severity: str = "critical"
 
 
 def _lineage_unique() -> Check:
-    return unique("kafka_record_unique", ["topic", "partition", "offset"])
+    return unique("kafka_record_unique", list(LINEAGE))
 
 
-def _suites() -> dict[str, SuiteSpec]:
+def rows_where(key: str, condition: str, description: str, severity: str = "critical") -> Check:
+    """No row for which the Spark SQL ``condition`` holds (GX's UnexpectedRowsExpectation)."""
+    return Check(key, "UnexpectedRowsExpectation",
+                 {"unexpected_rows_query": f"SELECT * FROM {{batch}} WHERE {condition}"}, severity, description)
+
+
+def _quoted(name: str) -> str:
+    return f"`{name}`"
+
+
+def bronze_suite(definition=None) -> SuiteSpec:
     from streamlake.pipeline.bronze import BRONZE
-    from streamlake.pipeline.schemas import (
-        GOLD,
-        LATE_EVENTS,
-        QUARANTINE,
-        QUARANTINE_REASONS,
-        SILVER,
-        TEMPERATURE_RANGE,
-    )
 
-    lo, hi = TEMPERATURE_RANGE
-    lineage = ("topic", "partition", "offset")
-    return {s.table: s for s in (
-        SuiteSpec("bronze", BRONZE, tuple(
-            schema_checks(BRONZE)
-            + not_null(["topic", "partition", "offset", "timestamp", "ingest_time", "batch_id", "ingest_date"])
-            + not_null(["value"], "warning")
-            + [between("partition_non_negative", "partition", 0),
-               between("offset_non_negative", "offset", 0),
-               _lineage_unique()]),
-            freshness_column="timestamp", example_columns=lineage),
-        SuiteSpec("silver", SILVER, tuple(
-            schema_checks(SILVER)
-            + not_null(["event_id", "sensor_id", "event_time", "temperature", "topic", "partition", "offset",
-                        "bronze_version", "event_date"])
-            + not_null(["kafka_timestamp"], "warning")
-            + [between("temperature_in_range", "temperature", lo, hi),
-               unique("event_id_unique", ["event_id"])]),
-            freshness_column="event_time", example_columns=lineage),
-        SuiteSpec("quarantine", QUARANTINE, tuple(
-            schema_checks(QUARANTINE)
-            + not_null(["topic", "partition", "offset", "reason", "bronze_version", "quarantined_at",
-                        "ingest_date"])
-            + not_null(["message"], "warning")
-            + [Check("reason_known", "ExpectColumnValuesToBeInSet",
-                     {"column": "reason", "value_set": list(QUARANTINE_REASONS)},
-                     description="reason is one of the known quarantine reason codes"),
-               _lineage_unique()]),
-            freshness_column="kafka_timestamp", example_columns=lineage),
-        SuiteSpec("gold", GOLD, tuple(
-            schema_checks(GOLD)
-            + not_null(["sensor_id", "window_start", "window_end", "count", "sum_temperature", "min_temperature",
-                        "max_temperature", "avg_temperature", "window_date"])
-            + [greater("window_end_after_start", "window_end", "window_start", or_equal=False),
-               between("count_at_least_1", "count", 1),
-               greater("avg_not_below_min", "avg_temperature", "min_temperature", or_equal=True),
-               greater("max_not_below_avg", "max_temperature", "avg_temperature", or_equal=True),
-               unique("window_unique", ["sensor_id", "window_start", "window_end"]),
-               between("min_temperature_in_range", "min_temperature", lo, hi, "warning"),
-               between("max_temperature_in_range", "max_temperature", lo, hi, "warning")]),
-            freshness_column="window_end", example_columns=("sensor_id", "window_start")),
-        SuiteSpec("late_events", LATE_EVENTS, tuple(
-            schema_checks(LATE_EVENTS)
-            + not_null(["event_id", "sensor_id", "event_time", "temperature", "topic", "partition", "offset",
-                        "watermark", "arrived_at", "applied", "event_date"])
-            + [between("temperature_in_range", "temperature", lo, hi),
-               Check("applied_has_time", "ExpectColumnValuesToNotBeNull",
-                     {"column": "applied_at", "row_condition": ("applied", "==", True)},
-                     "warning", "an applied late event has applied_at")]),
-            freshness_column="arrived_at", example_columns=lineage),
-    )}
+    return SuiteSpec("bronze", suite_name("bronze", definition), BRONZE, tuple(
+        schema_checks(BRONZE)
+        + not_null(["topic", "partition", "offset", "timestamp", "ingest_time", "batch_id", "ingest_date"])
+        + not_null(["value"], "warning")
+        + [between("partition_non_negative", "partition", 0), between("offset_non_negative", "offset", 0),
+           _lineage_unique()]),
+        freshness_column="timestamp", example_columns=LINEAGE)
 
 
-_SUITES: dict[str, SuiteSpec] | None = None
+def _silver_suite(definition) -> SuiteSpec:
+    from streamlake.pipeline.schemas import silver_spec
+
+    spec = silver_spec(definition)
+    checks = (schema_checks(spec)
+              + not_null([*definition.required, *LINEAGE, "bronze_version", "event_date"])
+              + not_null(["kafka_timestamp"], "warning")
+              + [rows_where(f"rule:{r.name}", f"NOT coalesce(({r.check}), false)", f"rule {r.name}: {r.check}")
+                 for r in definition.rules])
+    if definition.event_id:
+        checks.append(unique("event_id_unique", [definition.event_id]))
+    return SuiteSpec("silver", suite_name("silver", definition), spec, tuple(checks),
+                     freshness_column=definition.event_time, example_columns=LINEAGE)
 
 
-def suites() -> dict[str, SuiteSpec]:
-    """Every table's suite spec, by table name."""
-    global _SUITES
-    if _SUITES is None:
-        _SUITES = _suites()
-    return _SUITES
+def _quarantine_suite(definition) -> SuiteSpec:
+    from streamlake.pipeline.schemas import QUARANTINE
+
+    return SuiteSpec("quarantine", suite_name("quarantine", definition), QUARANTINE, tuple(
+        schema_checks(QUARANTINE)
+        + not_null([*LINEAGE, "reason", "bronze_version", "quarantined_at", "ingest_date"])
+        + not_null(["message"], "warning")
+        + [Check("reason_known", "ExpectColumnValuesToBeInSet",
+                 {"column": "reason", "value_set": list(definition.quarantine_reasons())},
+                 description="reason is one of the pipeline's quarantine reasons"),
+           _lineage_unique()]),
+        freshness_column="kafka_timestamp", example_columns=LINEAGE)
 
 
-def tables() -> list[str]:
-    """The tables that have a suite (cheap: builds nothing)."""
-    return list(TABLES)
+def _gold_suite(definition, aggregate) -> SuiteSpec:
+    from streamlake.pipeline.schemas import EVENTS_COLUMN, gold_spec
+
+    spec = gold_spec(definition, aggregate)
+    keys = list(aggregate.keys)
+    checks = (schema_checks(spec)
+              + not_null([*keys, "window_start", "window_end", EVENTS_COLUMN, "window_date"])
+              + [greater("window_end_after_start", "window_end", "window_start", or_equal=False),
+                 between("events_at_least_1", EVENTS_COLUMN, 1),
+                 unique("window_unique", [*keys, "window_start", "window_end"])])
+    by_field: dict[str, dict[str, str]] = {}
+    for m in aggregate.measures:
+        if m.function == "count":
+            if m.field is None:
+                checks.append(rows_where(f"count_is_events:{m.column}", f"{_quoted(m.column)} != {EVENTS_COLUMN}",
+                                         f"{m.column} (count(*)) equals the window's events"))
+            else:
+                checks.append(between(f"count_in_range:{m.column}", m.column, 0))
+        elif m.field is not None:
+            by_field.setdefault(m.field, {})[m.function] = m.column
+    for field_name, functions in by_field.items():
+        low, high, mean = functions.get("min"), functions.get("max"), functions.get("avg")
+        if low and high:
+            checks.append(greater(f"min_not_above_max:{field_name}", high, low, or_equal=True))
+        if mean and low and definition.field(field_name).type.numeric:
+            checks.append(greater(f"avg_not_below_min:{field_name}", mean, low, or_equal=True))
+        if mean and high and definition.field(field_name).type.numeric:
+            checks.append(greater(f"max_not_below_avg:{field_name}", high, mean, or_equal=True))
+    return SuiteSpec(aggregate.gold_table, suite_name(aggregate.gold_table, definition), spec, tuple(checks),
+                     freshness_column="window_end", example_columns=tuple([*keys, "window_start"]))
 
 
-def suite_spec(table: str) -> SuiteSpec:
+def _late_suite(definition, aggregate) -> SuiteSpec:
+    from streamlake.pipeline.schemas import late_spec
+
+    spec = late_spec(definition, aggregate)
+    return SuiteSpec(aggregate.late_table, suite_name(aggregate.late_table, definition), spec, tuple(
+        schema_checks(spec)
+        + not_null([*definition.required, *LINEAGE, "watermark", "arrived_at", "applied", "event_date"])
+        + [Check("applied_has_time", "ExpectColumnValuesToNotBeNull",
+                 {"column": "applied_at", "row_condition": ("applied", "==", True)},
+                 "warning", "an applied late event has applied_at")]),
+        freshness_column="arrived_at", example_columns=LINEAGE)
+
+
+def pipeline_suites(definition) -> dict[str, SuiteSpec]:
+    """Every table's suite of a pipeline, by table name (bronze only without a definition)."""
+    if definition is None:
+        return {"bronze": bronze_suite()}
+    out = {"bronze": bronze_suite(definition), "silver": _silver_suite(definition),
+           "quarantine": _quarantine_suite(definition)}
+    for aggregate in definition.aggregates:
+        out[aggregate.gold_table] = _gold_suite(definition, aggregate)
+        out[aggregate.late_table] = _late_suite(definition, aggregate)
+    return out
+
+
+def suite_spec(table: str, definition=None) -> SuiteSpec:
+    """The suite of one of the pipeline's tables. Raises KeyError naming the pipeline's tables."""
+    suites = pipeline_suites(definition)
     try:
-        return suites()[table]
+        return suites[table]
     except KeyError:
-        raise KeyError(f"no quality suite for table {table!r} (known: {', '.join(suites())})") from None
+        what = f"pipeline {definition.name}" if definition is not None else "a job without a definition"
+        raise KeyError(f"{what} has no table {table!r} to validate (its tables: {', '.join(suites)})") from None
 
 
 def freshness_check(column: str, max_age_s: float, now: dt.datetime | None = None) -> Check:
@@ -250,11 +284,11 @@ def freshness_check(column: str, max_age_s: float, now: dt.datetime | None = Non
                  f"newest {column} at most {max_age_s:g} s old (checked while the job runs)")
 
 
-def checks_for(table: str, *, job_running: bool = False, max_age_s: float = DEFAULT_MAX_AGE_S,
+def checks_for(table: str, definition=None, *, job_running: bool = False, max_age_s: float = DEFAULT_MAX_AGE_S,
                now: dt.datetime | None = None, has_rows: bool = True) -> list[Check]:
     """The checks of ``table``'s suite for one validation: freshness only while the job runs
     and there are rows to judge."""
-    spec = suite_spec(table)
+    spec = suite_spec(table, definition)
     checks = list(spec.checks)
     if job_running and has_rows:
         checks.append(freshness_check(spec.freshness_column, max_age_s, now))
@@ -278,16 +312,17 @@ def _gx_kwargs(kwargs: Mapping) -> dict:
     return out
 
 
-def build_suite(table: str, checks: list[Check] | None = None):
-    """A GX ``ExpectationSuite`` named ``streamlake.<table>`` with ``checks`` (default: the
-    table's checks without freshness); each expectation carries its key in ``meta`` and
-    ``key [severity]: description`` as its description (what Data Docs show)."""
+def build_suite(table: str, definition=None, checks: list[Check] | None = None):
+    """A GX ``ExpectationSuite`` for ``table`` (see :func:`suite_name`) with ``checks``
+    (default: the table's checks without freshness); each expectation carries its key in
+    ``meta`` and ``key [severity]: description`` as its description (what Data Docs show)."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
+    spec = suite_spec(table, definition)
     expectations = [
         getattr(gxe, check.expectation)(**_gx_kwargs(check.kwargs), severity=check.severity,
                                         meta={"key": check.key}, description=check.label)
-        for check in (suite_spec(table).checks if checks is None else checks)
+        for check in (spec.checks if checks is None else checks)
     ]
-    return gx.ExpectationSuite(name=suite_name(table), expectations=expectations)
+    return gx.ExpectationSuite(name=spec.name, expectations=expectations)

@@ -2,10 +2,11 @@
 
 :func:`validate_table` reads the rows that a table's commits
 ``(from_version, to_version]`` added (:mod:`streamlake.delta.changes`; the
-whole snapshot when ``from_version`` is None), runs the table's suite
-(:mod:`streamlake.quality.suites`) on them with GX 1.x on Spark, records one
-row per expectation in ``quality_results`` (:mod:`streamlake.quality.results`)
-and rebuilds the Data Docs (:mod:`streamlake.quality.docs`).
+whole snapshot when ``from_version`` is None), runs the table's suite (derived
+from the pipeline's definition, :mod:`streamlake.quality.suites`) on them with
+GX 1.x on Spark, records one row per expectation in ``quality_results``
+(:mod:`streamlake.quality.results`) and rebuilds the Data Docs
+(:mod:`streamlake.quality.docs`).
 
 The verdict is the platform's, from each expectation's ``severity``:
 
@@ -230,17 +231,17 @@ def _result_rows(report: QualityReport) -> list[dict]:
     } for o in report.outcomes]
 
 
-def validate_dataframe(df, table: str, *, operation: str = "manual", path: str | None = None,
+def validate_dataframe(df, table: str, *, definition=None, operation: str = "manual", path: str | None = None,
                        from_version: int | None = None, to_version: int | None = None,
                        context: Mapping | None = None, job_running: bool = False,
                        max_age_s: float = DEFAULT_MAX_AGE_S, run_id: str | None = None,
                        now: dt.datetime | None = None, record: bool = True, build_docs: bool = True,
                        gx_context=None) -> QualityReport:
-    """Run ``table``'s suite on ``df`` (rows already selected) and return the report;
-    with ``record``, append the results to ``quality_results``; with ``build_docs``,
-    rebuild the Data Docs. Never raises for failing expectations."""
+    """Run ``table``'s suite (of ``definition``'s pipeline) on ``df`` (rows already selected)
+    and return the report; with ``record``, append the results to ``quality_results``; with
+    ``build_docs``, rebuild the Data Docs. Never raises for failing expectations."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    spec = suite_spec(table)
+    spec = suite_spec(table, definition)
     run_id = run_id or _new_id("q", now)
     validation_id = _new_id("qv", now)
     # GX persists the batch's DataFrame and never releases it: persisted here first, the row
@@ -248,7 +249,8 @@ def validate_dataframe(df, table: str, *, operation: str = "manual", path: str |
     cached_by_caller = df.is_cached
     df = df.persist()
     try:
-        return _validate_persisted(df, table, spec, operation=operation, path=path, from_version=from_version,
+        return _validate_persisted(df, table, spec, definition, operation=operation, path=path,
+                                   from_version=from_version,
                                    to_version=to_version, context=context, job_running=job_running,
                                    max_age_s=max_age_s, run_id=run_id, validation_id=validation_id, now=now,
                                    record=record, build_docs=build_docs, gx_context=gx_context)
@@ -257,7 +259,7 @@ def validate_dataframe(df, table: str, *, operation: str = "manual", path: str |
             df.unpersist()
 
 
-def _validate_persisted(df, table: str, spec, *, operation: str, path, from_version, to_version, context,
+def _validate_persisted(df, table: str, spec, definition, *, operation: str, path, from_version, to_version, context,
                         job_running: bool, max_age_s: float, run_id: str, validation_id: str, now: dt.datetime,
                         record: bool, build_docs: bool, gx_context) -> QualityReport:
     import great_expectations as gx
@@ -270,12 +272,13 @@ def _validate_persisted(df, table: str, spec, *, operation: str, path, from_vers
     from streamlake.quality import docs
 
     rows = df.count()
-    checks = checks_for(table, job_running=job_running, max_age_s=max_age_s, now=now, has_rows=rows > 0)
+    checks = checks_for(table, definition, job_running=job_running, max_age_s=max_age_s, now=now,
+                        has_rows=rows > 0)
     by_key = {c.key: c for c in checks}
 
-    ctx = gx_context or docs.gx_context()
-    suite = docs.replace_suite(ctx, build_suite(table, checks))
-    batch_definition = docs.batch_definition(ctx, table)
+    ctx = gx_context or docs.gx_context([definition] if definition is not None else [])
+    suite = docs.replace_suite(ctx, build_suite(table, definition, checks))
+    batch_definition = docs.batch_definition(ctx, spec.name)
     definition = gx.ValidationDefinition(name=f"{validation_id}", data=batch_definition, suite=suite)
     definition = ctx.validation_definitions.add(definition)
     gx_run = RunIdentifier(run_name=f"{operation}.{run_id}", run_time=now)
@@ -295,12 +298,12 @@ def _validate_persisted(df, table: str, spec, *, operation: str, path, from_vers
     outcomes.sort(key=lambda o: order.get(o.key, len(order)))
 
     batch_id = next((r.expectation_config.kwargs.get("batch_id") for r in result.results
-                     if r.expectation_config.kwargs.get("batch_id")), f"{docs.DATASOURCE}-{table}")
+                     if r.expectation_config.kwargs.get("batch_id")), f"{docs.DATASOURCE}-{spec.name}")
     result_id = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite.name),
                                            run_id=gx_run, batch_identifier=batch_id)
     report = QualityReport(
         validation_id=validation_id, run_id=run_id, operation=operation, table=table,
-        path=None if path is None else str(path), suite=suite_name(table), from_version=from_version,
+        path=None if path is None else str(path), suite=spec.name, from_version=from_version,
         to_version=to_version, rows=rows, validated_at=now, outcomes=outcomes,
         docs_page=docs.page_for(ctx, result_id), context=dict(context or {}), result_id=result_id)
     if record:
@@ -317,18 +320,19 @@ def _validate_persisted(df, table: str, spec, *, operation: str, path, from_vers
 
 
 def validate_table(spark, table: str, path, from_version: int | None = None, to_version: int | None = None, *,
-                   operation: str, context: Mapping | None = None, job_running: bool = False,
+                   definition=None, operation: str, context: Mapping | None = None, job_running: bool = False,
                    max_age_s: float = DEFAULT_MAX_AGE_S, run_id: str | None = None, record: bool = True,
                    build_docs: bool = True, gx_context=None) -> QualityReport:
     """Validate the rows commits ``(from_version, to_version]`` of the table at ``path``
     added (the whole snapshot at ``to_version`` if ``from_version`` is None; latest
-    version if ``to_version`` is None) with ``table``'s suite. Records the results and
+    version if ``to_version`` is None) with ``table``'s suite (of ``definition``'s pipeline;
+    bronze needs none). Records the results and
     rebuilds the Data Docs; never raises for failing expectations (see
     :func:`require_quality`)."""
     from streamlake.delta.changes import read_changes
 
     df, rng = read_changes(spark, path, from_version, to_version)
-    return validate_dataframe(df, table, operation=operation, path=str(path), from_version=rng.from_version,
+    return validate_dataframe(df, table, definition=definition, operation=operation, path=str(path), from_version=rng.from_version,
                               to_version=rng.to_version, context=context, job_running=job_running,
                               max_age_s=max_age_s, run_id=run_id, record=record, build_docs=build_docs,
                               gx_context=gx_context)
@@ -361,13 +365,14 @@ def since_last_validation(job_tables: Mapping[str, str],
 
 
 def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple] | None = None,
-                       operation: str = "manual", context: Mapping | None = None, *, spark=None,
+                       operation: str = "manual", context: Mapping | None = None, *, definition=None, spark=None,
                        job_running: bool = False, max_age_s: float = DEFAULT_MAX_AGE_S,
                        raise_on_critical: bool = True) -> list[QualityReport]:
     """Validate every table an operation touched, record everything, and fail on critical.
 
-    ``job_tables`` maps a table name (``bronze``, ``silver``, ``quarantine``, ``gold``,
-    ``late_events``) to its path; ``ranges`` maps a table name to its
+    ``job_tables`` maps a table name (``bronze``, ``silver``, ``quarantine``,
+    ``gold/<aggregate>``, ``late_events/<aggregate>``) of ``definition``'s pipeline to its
+    path; ``ranges`` maps a table name to its
     ``(from_version, to_version)``. A table without a range is validated since its
     last recorded validation (:func:`streamlake.quality.results.last_validation`)
     up to its latest version, or whole if it was never validated. Tables that do not
@@ -402,7 +407,7 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
                     version <= last["to_version"] or not added_files(path, last["to_version"], version)[1]):
                 report = QualityReport(
                     validation_id=_new_id("qv", now), run_id=run_id, operation=operation, table=table, path=str(path),
-                    suite=suite_name(table), from_version=last["to_version"], to_version=version, rows=0,
+                    suite=suite_name(table, definition), from_version=last["to_version"], to_version=version, rows=0,
                     validated_at=now, outcomes=[], docs_page=last["docs_page"], context=dict(context or {}),
                     covered_by=last)
                 log.info("%s", report.summary())
@@ -413,8 +418,9 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
             from streamlake.spark.session import get_spark
 
             spark = get_spark("streamlake-quality", master="local[1]", conf={"spark.ui.enabled": "false"})
-        ctx = ctx or docs.gx_context()
-        reports.append(validate_table(spark, table, path, rng[0], rng[1], operation=operation, context=context,
+        ctx = ctx or docs.gx_context([definition] if definition is not None else [])
+        reports.append(validate_table(spark, table, path, rng[0], rng[1], definition=definition,
+                                      operation=operation, context=context,
                                       job_running=job_running, max_age_s=max_age_s, run_id=run_id,
                                       build_docs=False, gx_context=ctx))
     if ctx is not None:
