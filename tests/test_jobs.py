@@ -59,12 +59,14 @@ def _versions(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables(tmp_path, produce, broker):
+def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables(tmp_path, produce, broker,
+                                                                                monkeypatch):
     """The user's sequence from issue 22: `pipeline run --root A/pipe`, `pipeline run --root
     B/pipe`, then `backfill --root B/pipe` and `backfill --root A/pipe`. Both backfills
     succeed and each touches only its own tables; the job spec records the options given."""
     topic_a, topic_b = f"pipe-a-{os.getpid()}", f"pipe-b-{os.getpid()}"
     a, b = tmp_path / "A" / "pipe", tmp_path / "B" / "pipe"
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))  # a user's home: no job named pipe yet
     env = {**os.environ, "STREAMLAKE_KAFKA_BOOTSTRAP": broker}
     runs = []
     for root, topic in ((a, topic_a), (b, topic_b)):

@@ -17,11 +17,17 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from streamlake.quality import docs, results, samples
+
+import quality_samples as samples
+from streamlake.pipeline.definition import load_definition
+from streamlake.quality import docs, results
 from streamlake.quality.validate import QualityError, validate_operation, validate_table
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTEXT = {"dag_id": "streaming_ingest", "run_id": "manual__2026-11-22T03:00:00+00:00", "task_id": "quality_check"}
+CONTEXT = {"dag_id": "ingest_orders", "run_id": "manual__2026-11-22T03:00:00+00:00", "task_id": "quality_check"}
+ORDERS = load_definition(ROOT / "pipelines" / "orders.yaml")
+SENSORS = load_definition(ROOT / "pipelines" / "sensors.yaml")
+GOLD = "gold/revenue_5m"
 
 
 def docs_failures(html_text: str) -> dict[str, str]:
@@ -36,16 +42,27 @@ def docs_failures(html_text: str) -> dict[str, str]:
 
 
 def silver_bad_rows(start: int) -> list[dict]:
-    rows = samples.clean_rows("silver", 4, start=start)
-    rows[0]["sensor_id"] = None                      # critical: null
-    rows[1]["temperature"] = 99.5                    # critical: out of range
-    rows[2]["event_id"] = rows[3]["event_id"]        # critical: duplicate event id
+    import decimal
+
+    rows = samples.clean_rows(ORDERS, "silver", 4, start=start)
+    rows[0]["customer"] = None                       # critical: null
+    rows[1]["amount"] = decimal.Decimal("-9.50")     # critical: rule positive_amount
+    rows[2]["order_id"] = rows[3]["order_id"]        # critical: duplicate event id
     rows[3]["kafka_timestamp"] = None                # warning: null
     return rows
 
 
-SILVER_BAD = {"not_null:sensor_id": "critical", "temperature_in_range": "critical", "event_id_unique": "critical",
+SILVER_BAD = {"not_null:customer": "critical", "rule:positive_amount": "critical", "event_id_unique": "critical",
               "not_null:kafka_timestamp": "warning"}
+SILVER_SUITE = "streamlake.orders.silver"
+
+
+def write(path, table: str, rows, definition=ORDERS) -> int:
+    return samples.write_rows(path, definition, table, rows)
+
+
+def clean(table: str, n: int = 4, start: int = 0, definition=ORDERS) -> list[dict]:
+    return samples.clean_rows(definition, table, n, start=start)
 
 
 # -- the rows a version range added ---------------------------------------------------------------
@@ -56,9 +73,9 @@ def test_read_changes_by_version_range(spark, tmp_path):
     from streamlake.delta.changes import ChangesUnavailableError, read_changes
 
     path = str(tmp_path / "silver")
-    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 3, start=0))
-    v2 = samples.write_rows(path, "silver", samples.clean_rows("silver", 2, start=10))
-    v3 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=20))
+    v1 = write(path, "silver", clean("silver", 3, start=0))
+    v2 = write(path, "silver", clean("silver", 2, start=10))
+    v3 = write(path, "silver", clean("silver", 4, start=20))
     assert (v1, v2, v3) == (1, 2, 3)
 
     def offsets(frm, to):
@@ -80,7 +97,7 @@ def test_read_changes_by_version_range(spark, tmp_path):
     assert offsets(v3, v4)[0] == []
     assert offsets(1, v4)[0] == [10, 11, 20, 21, 22, 23]
     # an overwrite removes what earlier commits of the range added: only its rows remain
-    write_deltalake(path, samples.arrow_table("silver", samples.clean_rows("silver", 2, start=40)), mode="overwrite")
+    write_deltalake(path, samples.arrow_table(ORDERS, "silver", clean("silver", 2, start=40)), mode="overwrite")
     v5 = DeltaTable(path).version()
     assert offsets(0, v5)[0] == [40, 41]
     with pytest.raises(ChangesUnavailableError):
@@ -92,12 +109,12 @@ def test_read_changes_by_version_range(spark, tmp_path):
 
 def test_validate_table_records_results_and_data_docs(spark, tmp_path):
     path = str(tmp_path / "silver")
-    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=0))
-    v2 = samples.write_rows(path, "silver", silver_bad_rows(start=100))
+    v1 = write(path, "silver", clean("silver", 4, start=0))
+    v2 = write(path, "silver", silver_bad_rows(start=100))
 
-    clean = validate_table(spark, "silver", path, 0, v1, operation="ingest", context=CONTEXT)
-    assert clean.status == "PASS" and clean.rows == 4
-    bad = validate_table(spark, "silver", path, v1, v2, operation="restore", context=CONTEXT)
+    passing = validate_table(spark, "silver", path, 0, v1, definition=ORDERS, operation="ingest", context=CONTEXT)
+    assert passing.status == "PASS" and passing.rows == 4
+    bad = validate_table(spark, "silver", path, v1, v2, definition=ORDERS, operation="restore", context=CONTEXT)
     assert bad.status == "FAIL" and bad.rows == 4  # only the rows commit v2 added
     assert {o.key: o.severity for o in bad.failures} == SILVER_BAD
 
@@ -106,25 +123,24 @@ def test_validate_table_records_results_and_data_docs(spark, tmp_path):
     assert len(rows) == len(bad.outcomes)
     assert {r["expectation_key"]: r["severity"] for r in rows if not r["success"]} == SILVER_BAD
     by_key = {r["expectation_key"]: r for r in rows}
-    hot = by_key["temperature_in_range"]
-    assert hot["unexpected_count"] == 1 and hot["expectation"] == "expect_column_values_to_be_between"
-    assert json.loads(hot["examples"]) == [{"topic": "sensors", "partition": 101 % 3, "offset": 101,
-                                            "temperature": 99.5}]
+    rule = by_key["rule:positive_amount"]
+    assert rule["expectation"] == "unexpected_rows_expectation" and rule["observed_value"] == "1"
     assert by_key["event_id_unique"]["unexpected_count"] == 2
-    assert by_key["type:temperature"]["observed_value"] == "DoubleType"
+    assert json.loads(by_key["event_id_unique"]["examples"])[0]["topic"] == "orders"
+    assert by_key["type:amount"]["observed_value"] == "DecimalType"
     for r in rows:
         assert (r["operation"], r["table_name"], r["table_path"], r["from_version"], r["to_version"], r["rows"]) == \
             ("restore", "silver", path, v1, v2, 4)
         assert (r["dag_id"], r["dag_run_id"], r["task_id"]) == (CONTEXT["dag_id"], CONTEXT["run_id"], CONTEXT["task_id"])
-        assert r["suite"] == "streamlake.silver" and r["status"] == "FAIL" and r["docs_page"] == bad.docs_page
+        assert r["suite"] == SILVER_SUITE and r["status"] == "FAIL" and r["docs_page"] == bad.docs_page
 
     # summaries and "latest"
     summary = next(v for v in results.validations("silver") if v["validation_id"] == bad.validation_id)
     assert summary["critical_failures"] == sorted(k for k, s in SILVER_BAD.items() if s == "critical")
     assert summary["warnings"] == ["not_null:kafka_timestamp"]
-    assert summary["unexpected"] == 1 + 1 + 2 + 1
+    assert summary["unexpected"] == 1 + 2 + 1
     assert summary["passed"] == summary["expectations"] - 4
-    latest = next(v for v in results.latest("silver") if v["suite"] == "streamlake.silver")
+    latest = next(v for v in results.latest("silver") if v["suite"] == SILVER_SUITE)
     assert latest["validation_id"] == bad.validation_id
     assert [r["success"] for r in latest["results"]][:4] == [False] * 4  # failing first
     assert [r["severity"] for r in latest["results"][:4]] == ["critical"] * 3 + ["warning"]
@@ -134,75 +150,77 @@ def test_validate_table_records_results_and_data_docs(spark, tmp_path):
     page = docs.data_docs_dir() / bad.docs_page
     html_text = page.read_text()
     assert docs_failures(html_text) == SILVER_BAD
-    assert "streamlake.silver" in html_text and "Failed" in html_text
-    assert docs_failures((docs.data_docs_dir() / clean.docs_page).read_text()) == {}
+    assert SILVER_SUITE in html_text and "Failed" in html_text
+    assert docs_failures((docs.data_docs_dir() / passing.docs_page).read_text()) == {}
     index = (docs.data_docs_dir() / "index.html").read_text()
-    assert "expectations/streamlake/silver.html" in index
-    assert (docs.data_docs_dir() / "expectations" / "streamlake" / "gold.html").is_file()
+    assert "expectations/streamlake/orders/silver.html" in index
+    assert (docs.data_docs_dir() / docs.suite_page("streamlake.orders.gold.revenue_5m")).is_file()
 
 
 def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):
     root = tmp_path / "lake"
-    tables = {t: str(root / t) for t in ("silver", "gold", "quarantine")}
-    samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 3, start=200))
-    g1 = samples.write_rows(tables["gold"], "gold", samples.clean_rows("gold", 3))
-    gold_bad = samples.clean_rows("gold", 2, start=5)
+    tables = {t: str(root / t) for t in ("silver", GOLD, "quarantine")}
+    write(tables["silver"], "silver", clean("silver", 3, start=200))
+    g1 = write(tables[GOLD], GOLD, clean(GOLD, 3))
+    gold_bad = clean(GOLD, 2, start=5)
     gold_bad[0]["window_end"] = gold_bad[0]["window_start"]
-    g2 = samples.write_rows(tables["gold"], "gold", gold_bad)
+    g2 = write(tables[GOLD], GOLD, gold_bad)
     # quarantine does not exist yet: skipped
 
     with pytest.raises(QualityError) as err:
-        validate_operation(tables, {"gold": (g1, g2)}, "backfill", CONTEXT, spark=spark)
+        validate_operation(tables, {GOLD: (g1, g2)}, "backfill", CONTEXT, definition=ORDERS, spark=spark)
     message = str(err.value)
     assert "window_end_after_start [critical]" in message and "1 of 2 validations" in message
     reports = err.value.reports
-    assert [r.table for r in reports] == ["silver", "gold"]
+    assert [r.table for r in reports] == ["silver", GOLD]
     assert len({r.run_id for r in reports}) == 1
     silver, gold = reports
     assert silver.status == "PASS" and (silver.from_version, silver.to_version) == (None, 1)
     assert gold.failing_keys() == {"window_end_after_start"} and gold.rows == 2
     recorded = results.read_results(run_id=silver.run_id)
-    assert {r["table_name"] for r in recorded} == {"silver", "gold"}
+    assert {r["table_name"] for r in recorded} == {"silver", GOLD}
     assert {r["operation"] for r in recorded} == {"backfill"}
     assert all((docs.data_docs_dir() / r.docs_page).is_file() for r in reports)
 
     # the next operation validates what was added since (last validated version .. latest)
-    s2 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 2, start=300))
-    again = validate_operation({"silver": tables["silver"]}, None, "savepoint", {}, spark=spark, job_running=True)
+    s2 = write(tables["silver"], "silver", clean("silver", 2, start=300))
+    again = validate_operation({"silver": tables["silver"]}, None, "savepoint", {}, definition=ORDERS, spark=spark,
+                               job_running=True)
     assert [(r.from_version, r.to_version, r.rows, r.status) for r in again] == [(1, s2, 2, "PASS")]
     assert "freshness" in {o.key for o in again[0].outcomes}
 
 
 def test_validate_operation_does_not_revalidate_an_unchanged_table_unless_it_failed(spark, tmp_path):
     root = tmp_path / "lake"
-    tables = {"silver": str(root / "silver"), "gold": str(root / "gold")}
-    s1 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 3, start=400))
-    gold_bad = samples.clean_rows("gold", 2, start=9)
+    tables = {"silver": str(root / "silver"), GOLD: str(root / GOLD)}
+    s1 = write(tables["silver"], "silver", clean("silver", 3, start=400))
+    gold_bad = clean(GOLD, 2, start=9)
     gold_bad[0]["window_end"] = gold_bad[0]["window_start"]
-    samples.write_rows(tables["gold"], "gold", gold_bad)
-    first = validate_operation(tables, None, "ingest", CONTEXT, spark=spark, raise_on_critical=False)
+    write(tables[GOLD], GOLD, gold_bad)
+    first = validate_operation(tables, None, "ingest", CONTEXT, definition=ORDERS, spark=spark,
+                               raise_on_critical=False)
     assert [r.status for r in first] == ["PASS", "FAIL"]
 
     # no commit since: silver is covered by its passing validation (nothing run, nothing
     # recorded); gold's failed, so its suite runs again (on the rows added since: none)
-    silver, gold = validate_operation(tables, None, "savepoint", {}, spark=spark)
+    silver, gold = validate_operation(tables, None, "savepoint", {}, definition=ORDERS, spark=spark)
     assert silver.covered_by["validation_id"] == first[0].validation_id and silver.outcomes == []
     assert (silver.status, silver.rows, silver.to_version) == ("PASS", 0, s1)
     assert f"unchanged since v{s1} (no rows added up to v{s1}): nothing new to validate; PASS by " \
            f"{first[0].validation_id}" in silver.summary()
     assert gold.covered_by is None and gold.outcomes and gold.rows == 0
     recorded = results.read_results(run_id=silver.run_id)
-    assert {r["table_name"] for r in recorded} == {"gold"}
+    assert {r["table_name"] for r in recorded} == {GOLD}
 
     # a commit that only removes rows (as a restore does) adds nothing to validate
     DeltaTable(tables["silver"]).delete()  # every file removed, none rewritten
-    (removed,) = validate_operation({"silver": tables["silver"]}, None, "restore", {}, spark=spark)
+    (removed,) = validate_operation({"silver": tables["silver"]}, None, "restore", {}, definition=ORDERS, spark=spark)
     assert removed.covered_by["validation_id"] == first[0].validation_id
     assert (removed.from_version, removed.to_version) == (s1, s1 + 1)
 
     # a new commit is validated again, from the covered version on
-    s2 = samples.write_rows(tables["silver"], "silver", samples.clean_rows("silver", 2, start=500))
-    (after,) = validate_operation({"silver": tables["silver"]}, None, "ingest", {}, spark=spark)
+    s2 = write(tables["silver"], "silver", clean("silver", 2, start=500))
+    (after,) = validate_operation({"silver": tables["silver"]}, None, "ingest", {}, definition=ORDERS, spark=spark)
     assert after.covered_by is None and (after.from_version, after.to_version, after.rows) == (s1, s2, 2)
 
 
@@ -235,14 +253,14 @@ def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     assert names == ["Savepoints", "Consistency checks", "Operations", "Late events", "Data quality"]
 
     path = str(tmp_path / "silver")
-    v1 = samples.write_rows(path, "silver", samples.clean_rows("silver", 4, start=500))
-    validate_table(spark, "silver", path, 0, v1, operation="ingest", context=CONTEXT)
-    v2 = samples.write_rows(path, "silver", silver_bad_rows(start=600))
-    bad = validate_table(spark, "silver", path, v1, v2, operation="restore", context=CONTEXT)
+    v1 = write(path, "silver", clean("silver", 4, start=500))
+    validate_table(spark, "silver", path, 0, v1, definition=ORDERS, operation="ingest", context=CONTEXT)
+    v2 = write(path, "silver", silver_bad_rows(start=600))
+    bad = validate_table(spark, "silver", path, v1, v2, definition=ORDERS, operation="restore", context=CONTEXT)
     qpath = str(tmp_path / "quarantine")
-    q_rows = samples.clean_rows("quarantine", 3)
+    q_rows = clean("quarantine", 3)
     q_rows[0]["reason"] = "cosmic_ray"
-    validate_table(spark, "quarantine", qpath, None, samples.write_rows(qpath, "quarantine", q_rows),
+    validate_table(spark, "quarantine", qpath, None, write(qpath, "quarantine", q_rows), definition=ORDERS,
                    operation="ingest", context={})
 
     page = client.get("/quality")
@@ -256,7 +274,7 @@ def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     assert section.index("class='failing'") < section.index("class='passing'")
     assert section.rindex("class='failing'") < section.index("class='passing'")
     # link to the DAG run and task, and to the Data Docs page served by the plugin
-    assert "href='/dags/streaming_ingest/runs/manual__2026-11-22T03%3A00%3A00%2B00%3A00' target='_top'" in section
+    assert "href='/dags/ingest_orders/runs/manual__2026-11-22T03%3A00%3A00%2B00%3A00' target='_top'" in section
     assert "/tasks/quality_check" in section
     assert f"href='quality/docs/{bad.docs_page}'" in section
     assert "(v1, v2]" in section and "restore" in section
@@ -323,31 +341,33 @@ def _cli(argv):
 
 def test_cli_quality_run_and_show(spark, tmp_path, capsys):
     root = tmp_path / "lake"
-    v1 = samples.write_rows(root / "gold", "gold", samples.clean_rows("gold", 3))
-    assert _cli(["quality", "run", "--table", "gold", "--root", str(root)]) == 0
+    definition = str(ROOT / "pipelines" / "sensors.yaml")
+    table = "gold/per_minute"
+    v1 = write(root / table, table, clean(table, 3, definition=SENSORS), definition=SENSORS)
+    assert _cli(["quality", "run", "--table", table, "--root", str(root), "--definition", definition]) == 0
     out = capsys.readouterr().out
-    assert "gold v1 (snapshot), 3 rows, suite streamlake.gold: PASS" in out
+    assert f"{table} v1 (snapshot), 3 rows, suite streamlake.sensors.gold.per_minute: PASS" in out
 
-    bad = samples.clean_rows("gold", 2, start=9)
-    bad[1]["count"] = 0
-    bad[0]["max_temperature"] = 95.0  # warning only
-    v2 = samples.write_rows(root / "gold", "gold", bad)
-    assert _cli(["quality", "run", "--table", "gold", "--path", str(root / "gold"), "--from-version", str(v1),
-                 "--to-version", str(v2)]) == 1
+    bad = clean(table, 2, start=9, definition=SENSORS)
+    bad[1]["_events"] = 0
+    v2 = write(root / table, table, bad, definition=SENSORS)
+    assert _cli(["quality", "run", "--table", table, "--root", str(root), "--from-version", str(v1),
+                 "--to-version", str(v2)]) == 1  # the root knows its job and definition now
     out = capsys.readouterr().out
-    assert f"gold (v{v1}, v{v2}], 2 rows" in out and ": FAIL" in out
-    assert "CRITICAL: count_at_least_1 [critical]" in out and "WARNING: max_temperature_in_range [warning]" in out
+    assert f"{table} (v{v1}, v{v2}], 2 rows" in out and ": FAIL" in out
+    assert "CRITICAL: events_at_least_1 [critical]" in out and "CRITICAL: count_is_events:count [critical]" in out
 
-    warn = samples.clean_rows("gold", 1, start=20)
-    warn[0]["max_temperature"] = 95.0
-    v3 = samples.write_rows(root / "gold", "gold", warn)
-    assert _cli(["quality", "run", "--table", "gold", "--root", str(root), "--from-version", str(v2), "--json"]) == 0
+    ok = clean(table, 1, start=20, definition=SENSORS)
+    v3 = write(root / table, table, ok, definition=SENSORS)
+    assert _cli(["quality", "run", "--table", table, "--root", str(root), "--from-version", str(v2), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["status"] == "WARN" and report["to_version"] == v3 and report["warnings"] == ["max_temperature_in_range"]
+    assert report["status"] == "PASS" and report["to_version"] == v3
 
-    assert _cli(["quality", "show", "--table", "gold"]) == 0
+    assert _cli(["quality", "show", "--table", table]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("WARN  gold") and "max_temperature_in_range" in out
+    assert out.startswith(f"PASS  {table}")
 
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(KeyError, match="has no table 'gold'"):
+        _cli(["quality", "run", "--table", "gold", "--root", str(root)])
+    with pytest.raises(KeyError, match="no pipeline has run under"):
         _cli(["quality", "run", "--table", "silver", "--root", str(tmp_path / "nowhere")])

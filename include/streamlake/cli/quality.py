@@ -1,11 +1,13 @@
 """``streamlake quality``: data-quality validation of a table from the shell, and its results.
 
-    streamlake quality run --table T [--root DIR | --path P | --job NAME] [--from-version V] [--to-version W]
+    streamlake quality run --table T (--job NAME | --root DIR [--definition FILE]) [--from-version V] [--to-version W]
     streamlake quality show [--table T] [--json]
 
-``run`` validates the rows that commits ``(V, W]`` of the table added (the
-whole snapshot when ``--from-version`` is not given; ``W`` defaults to the
-latest version) with the table's expectation suite, records the results in
+``run`` validates the rows that commits ``(V, W]`` of one of a pipeline's tables
+(``bronze``, ``silver``, ``quarantine``, ``gold/<aggregate>``,
+``late_events/<aggregate>``) added (the whole snapshot when ``--from-version``
+is not given; ``W`` defaults to the latest version) with the table's
+expectation suite, derived from the pipeline's definition, records the results in
 ``quality_results`` and rebuilds the Data Docs, exactly as the DAG tasks do.
 It prints a summary and exits 1 if a critical expectation failed (0 when only
 warnings failed). ``show`` prints the latest result per table and suite.
@@ -18,28 +20,24 @@ import os
 from streamlake.cli.common import print_json
 
 
-def table_path(table: str, root: str | None = None, path: str | None = None, job: str | None = None) -> str:
-    """Where ``table`` is: ``--path``, else ``<root>/<table>``, else the table of the job
-    (default: the demo job), i.e. ``<job root>/<table>``."""
-    if path:
-        return os.path.abspath(path)
-    if root:
-        return os.path.abspath(os.path.join(root, table))
-    from streamlake.operations.jobs import DEMO_JOB, load_job
-
-    return load_job(job or DEMO_JOB).table_path(table)
-
-
 def cmd_run(args) -> int:
+    from streamlake.cli.common import resolve_job
+    from streamlake.quality.suites import pipeline_suites
     from streamlake.quality.validate import validate_table
     from streamlake.spark.session import get_spark
 
-    path = table_path(args.table, args.root, args.path, args.job)
+    job = resolve_job(args)
+    definition = job.definition
+    tables = list(pipeline_suites(definition))
+    if args.table not in tables:
+        raise KeyError(f"job {job.name} has no table {args.table!r} (its tables: {', '.join(tables)})")
+    path = job.table_path(args.table)
     if not os.path.isdir(os.path.join(path, "_delta_log")):
-        raise FileNotFoundError(f"no Delta table at {path} (give --root DIR or --path P)")
+        raise FileNotFoundError(f"no Delta table at {path}: has the pipeline run?")
     spark = get_spark("streamlake-quality", master=args.master, conf={"spark.ui.enabled": "false"})
-    report = validate_table(spark, args.table, path, args.from_version, args.to_version, operation=args.operation,
-                            context={"source": "cli"}, job_running=args.job_running, max_age_s=args.max_age)
+    report = validate_table(spark, args.table, path, args.from_version, args.to_version, definition=definition,
+                            operation=args.operation, context={"source": "cli"}, job_running=args.job_running,
+                            max_age_s=args.max_age)
     if args.json:
         print_json(report.to_dict())
     else:
@@ -64,7 +62,7 @@ def cmd_show(args) -> int:
         print("no quality results recorded yet (streamlake quality run --table T)")
         return 0
     for v in rows:
-        print(f"{v['status']:<4}  {v['table_name']:<11} {v['suite']:<24} {v['validated_at']:%Y-%m-%d %H:%M:%S}  "
+        print(f"{v['status']:<4}  {v['table_name']:<24} {v['suite']:<40} {v['validated_at']:%Y-%m-%d %H:%M:%S}  "
               f"{v['operation']:<10} {_range(v):<16} {v['rows']:>7} rows  "
               f"{v['passed']}/{v['expectations']} met")
         for r in v["results"]:
@@ -80,17 +78,16 @@ def cmd_show(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    from streamlake.quality.suites import DEFAULT_MAX_AGE_S, tables
+    from streamlake.cli.common import add_job_arguments
+    from streamlake.quality.suites import DEFAULT_MAX_AGE_S
 
     q = sub.add_parser("quality", help="data-quality validation (Great Expectations) and its results")
     qsub = q.add_subparsers(dest="quality_command", required=True)
 
     run = qsub.add_parser("run", help="validate a table's rows (a Delta version range); exit 1 on a critical failure")
-    run.add_argument("--table", required=True, choices=tables(), help="which table's suite to run")
-    where = run.add_mutually_exclusive_group()
-    where.add_argument("--root", help="pipeline root: the table is ROOT/TABLE")
-    where.add_argument("--path", help="the table's path")
-    where.add_argument("--job", help="a named job: its table (default: the demo job's)")
+    run.add_argument("--table", required=True,
+                     help="which table: bronze, silver, quarantine, gold/<aggregate> or late_events/<aggregate>")
+    add_job_arguments(run)
     run.add_argument("--from-version", type=int, default=None,
                      help="validate the rows commits after this version added (default: the whole snapshot)")
     run.add_argument("--to-version", type=int, default=None, help="last version of the range (default: latest)")
