@@ -1,9 +1,16 @@
-"""StreamLake views in the Airflow UI: savepoints, consistency checks, operations, data quality.
+"""StreamLake views in the Airflow UI: pipelines, late events, data quality, savepoints, checks, operations.
 
 A FastAPI app mounted by Airflow's API server under ``/streamlake`` and linked
 from the navigation (``external_views``). Every page requires an Airflow login
-(the UI's session cookie or a bearer token). Pages are read-only: savepoints are
-taken, restored and disposed through the DAGs or ``streamlake savepoint``.
+(the UI's session cookie or a bearer token). Pages are read-only but for the
+backfill form, which triggers a pipeline's ``backfill_<pipeline>`` DAG with the
+user's own login: savepoints are taken, restored and disposed through the DAGs
+or ``streamlake savepoint``.
+
+The *Pipelines* view lists every pipeline (each definition in ``pipelines/`` and
+every defined job) with its tables, pending late events, latest checks and data
+quality; the other views take ``?job=NAME`` to show one pipeline. Times are
+shown to the second in the browser's time zone, with UTC on hover.
 
 The Data quality view shows the latest validation per table and suite (failing
 expectations first), a trend plot per table (inline SVG), and links to each
@@ -39,19 +46,70 @@ _STYLE = """
  tr.failing td { background: #fdf3f2; } h2 { font-size: 1.05rem; margin-top: 1.6rem; }
  .trends { display: flex; flex-wrap: wrap; gap: 1rem; } .trend-box { border: 1px solid #dde3ea; padding: .4rem; }
  details.passing-expectations { margin-top: .4rem; } details summary { cursor: pointer; color: #137333; }
+ dl.op-details { display: grid; grid-template-columns: max-content auto; gap: .1rem .8rem; margin: 0; }
+ dl.op-details dt { color: #66727f; } dl.op-details dd { margin: 0; } dl.op-details dl.op-details { font-size: .95em; }
+ details.raw-json summary { color: #66727f; font-size: .8rem; } details.raw-json pre { font-size: .75rem;
+ white-space: pre-wrap; max-width: 60rem; } time.ts { white-space: nowrap; }
+ section.pipeline, section.aggregate { border-top: 1px solid #dde3ea; margin-top: 1rem; }
 </style>
 """
+
+# Every <time class="ts"> shows its UTC instant in the browser's time zone, to the second;
+# the UTC time stays on hover (the element's title), as on Airflow's own pages.
+_LOCAL_TIME_SCRIPT = """<script>
+document.querySelectorAll("time.ts[datetime]").forEach(function (el) {
+  var d = new Date(el.getAttribute("datetime"));
+  if (isNaN(d)) { return; }
+  function p(n) { return String(n).padStart(2, "0"); }
+  el.textContent = d.getFullYear() + "-" + p(d.getMonth() + 1) + "-" + p(d.getDate()) + " " +
+    p(d.getHours()) + ":" + p(d.getMinutes()) + ":" + p(d.getSeconds());
+});
+</script>"""
 
 
 def _page(title: str, body: str, base: str | None = None) -> HTMLResponse:
     """A page of the app; ``base`` (e.g. ``"../"``) for pages below the app's top level, so
     the relative links (navigation, forms) still point into the app."""
-    nav = ('<nav><a href="late-events">Late events</a><a href="quality">Data quality</a>'
-           '<a href="savepoints">Savepoints</a><a href="checks">Consistency checks</a>'
-           '<a href="operations">Operations</a></nav>')
+    nav = ('<nav><a href="pipelines">Pipelines</a><a href="late-events">Late events</a>'
+           '<a href="quality">Data quality</a><a href="savepoints">Savepoints</a>'
+           '<a href="checks">Consistency checks</a><a href="operations">Operations</a></nav>')
     head = f"<base href='{html.escape(base)}'>" if base else ""
     return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'>{head}<title>{html.escape(title)}</title>"
-                        f"{_STYLE}</head><body>{nav}<h1>{html.escape(title)}</h1>{body}</body></html>")
+                        f"{_STYLE}</head><body>{nav}<h1>{html.escape(title)}</h1>{body}{_LOCAL_TIME_SCRIPT}"
+                        f"</body></html>")
+
+
+def _utc(value):
+    """A time value (aware or naive-UTC datetime, ISO text, epoch seconds) as an aware UTC
+    datetime; None for an empty value or one that does not parse."""
+    import datetime as dt
+
+    if value in (None, ""):
+        return None
+    if isinstance(value, (int, float)):
+        return dt.datetime.fromtimestamp(value, dt.timezone.utc)
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if not isinstance(value, dt.datetime):
+        return None
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def _time(value) -> str:
+    """A time to the second: UTC in the page (the browser's script shows it in the user's time
+    zone), UTC on hover."""
+    when = _utc(value)
+    if when is None:
+        return html.escape("" if value is None else str(value))
+    utc = f"{when:%Y-%m-%d %H:%M:%S} UTC"
+    return f"<time class='ts' datetime='{when:%Y-%m-%dT%H:%M:%SZ}' title='{utc}'>{utc}</time>"
+
+
+def _td_time(value) -> str:
+    return f"<td>{_time(value)}</td>"
 
 
 def _table(headers: list[str], rows: list[list[str]], empty: str) -> str:
@@ -81,13 +139,14 @@ def api_savepoints(job: str | None = None) -> list[dict]:
 
 @app.get("/savepoints", response_class=HTMLResponse)
 def savepoints(job: str | None = Query(None)) -> HTMLResponse:
+    """The savepoints (of ``job``), newest first, with what each holds."""
     from streamlake.operations.savepoints import jobs_restored_from, list_savepoints
 
     rows = []
     for m in list_savepoints(job):
         in_use = jobs_restored_from(m.id)
         rows.append([
-            _td(m.id), _td(m.job), _td(m.created_at),
+            _td(m.id), _td(m.job), _td_time(m.created_at),
             _td(", ".join(f"{t.name} v{t.version}" for t in m.tables)), _offsets(m.kafka_offsets),
             _td("running" if m.job_was_running else "idle"), _td(m.code_version),
             _td(f"in use by {', '.join(in_use)}" if in_use else ""), _td(m.note),
@@ -105,22 +164,88 @@ def api_checks(job: str | None = None, limit: int = 100) -> list[dict]:
     return json.loads(json.dumps(recent_checks(limit, job), default=str))
 
 
+CHECK_NAMES = {"kafka-audit": "Kafka audit", "pipeline-accounting": "pipeline accounting",
+               "gold": "gold = recompute"}
+CHECK_HELP = {"kafka-audit": "bronze holds exactly the records Kafka holds in the ranges it committed",
+              "pipeline-accounting": "every bronze row once in silver, quarantine or the dropped duplicates",
+              "gold": "the gold table equals a recompute from silver"}
+
+
+def _table_of(path: str | None) -> str:
+    """A table's name from its path: ``bronze``, ``silver``, ``gold/<aggregate>``..."""
+    parts = [p for p in str(path or "").split("/") if p]
+    if len(parts) >= 2 and parts[-2] in ("gold", "late_events"):
+        return "/".join(parts[-2:])
+    return parts[-1] if parts else "?"
+
+
+def _check_details(row: dict) -> dict:
+    try:
+        return json.loads(row.get("context") or "{}").get("details") or {}
+    except ValueError:
+        return {}
+
+
+def _covered(row: dict) -> str:
+    """What a check covered, in words: the table, the versions, the offsets or event times."""
+    kind = row.get("kind") or "kafka-audit"
+    details = _check_details(row)
+    table = _table_of(row.get("table_path"))
+    if kind == "pipeline-accounting":
+        since, through = details.get("since_version"), details.get("bronze_version")
+        scope = (f"bronze versions ({since}, {through}]" if since is not None else
+                 f"bronze up to version {through}" if through is not None else "bronze (nothing consumed yet)")
+        return f"{scope} → silver, quarantine"
+    if kind == "gold":
+        start, end = details.get("range_start"), details.get("range_end")
+        times = f"event time [{start or '-∞'}, {end or '+∞'})"
+        return f"{table} against silver v{details.get('silver_version')}, {times}"
+    try:
+        topics = ", ".join(json.loads(row.get("topics") or "[]"))
+    except ValueError:
+        topics = row.get("topics") or ""
+    text = f"{table} v{row.get('delta_version')} against {topics or 'Kafka'}"
+    if row.get("mode"):
+        text += f" ({row['mode']}" + (f" from the proof of v{row['proof_version']})"
+                                      if row.get("proof_version") is not None else ")")
+    if row.get("offsets_expected"):
+        try:
+            expected = json.loads(row["offsets_expected"])
+            text += "; offsets expected " + ", ".join(f"{t}-{p}: {o}" for t, ps in sorted(expected.items())
+                                                      for p, o in sorted(ps.items()))
+        except (ValueError, AttributeError):
+            pass
+    return text
+
+
 @app.get("/checks", response_class=HTMLResponse)
 def checks(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
+    """Every recorded check (of ``job``), newest first: which check, what it covered, its verdict."""
     from streamlake.operations.consistency import recent_checks
 
     rows = []
     for r in recent_checks(limit, job):
+        kind = r.get("kind") or "kafka-audit"
         counts = [_td(r[k], "num") for k in ("kafka_records", "table_rows", "missing", "duplicated", "extra",
                                              "mismatched")]
         context = json.loads(r["context"] or "{}")
-        rows.append([_td(r["checked_at"]), _td(r["operation"]), _td(r["job"]), _td(r["delta_version"], "num"),
-                     *counts, _td("" if r["offsets_match"] is None else r["offsets_match"]),
-                     _td(r["verdict"], r["verdict"]), _td(context.get("dag_id", "")), _td(context.get("run_id", ""))])
-    body = _table(["checked at", "operation", "job", "Delta version", "Kafka records", "table rows", "missing",
-                   "duplicated", "extra", "mismatched", "offsets as expected", "verdict", "DAG", "run"],
-                  rows, "No consistency checks recorded yet.")
-    return _page("Consistency checks", body)
+        name = (f"<td class='check-name' title='{html.escape(CHECK_HELP.get(kind, kind))}'>"
+                f"{html.escape(CHECK_NAMES.get(kind, kind))}</td>")
+        cells = [_td_time(r["checked_at"]), name, _td(_covered(r), "check-covered"), _td(r["operation"]),
+                 _td(r["job"]), _td(r["verdict"], r["verdict"]), *counts,
+                 _td("" if r["offsets_match"] is None else r["offsets_match"]), _td(context.get("dag_id", "")),
+                 _td(context.get("run_id", ""))]
+        rows.append((kind, cells))
+    head = ["checked at", "check", "covered", "operation", "job", "verdict", "Kafka records", "table rows",
+            "missing", "duplicated", "extra", "mismatched", "offsets as expected", "DAG", "run"]
+    if not rows:
+        return _page("Consistency checks", "<p class='muted'>No consistency checks recorded yet.</p>")
+    body = "".join(f"<tr class='check' data-kind='{html.escape(kind)}'>{''.join(cells)}</tr>" for kind, cells in rows)
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    intro = ("<p class='muted'>Every proof the platform ran: the <b>Kafka audit</b> (bronze against Kafka), the "
+             "<b>pipeline accounting</b> (every bronze row once downstream) and <b>gold = recompute</b> (one per "
+             "gold table). Counts: records read from Kafka or windows checked, rows, and what was wrong.</p>")
+    return _page("Consistency checks", intro + f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>")
 
 
 @app.get("/api/operations")
@@ -130,20 +255,65 @@ def api_operations(job: str | None = None, limit: int = 100) -> list[dict]:
     return json.loads(json.dumps(recent_operations(limit, job), default=str))
 
 
+RUN_KEYS = ("dag_id", "run_id", "task_id")
+
+
+def _value_html(value, depth: int = 0) -> str:
+    """A value of an operation's details for people: nested mappings as definition lists,
+    lists joined, long text shortened."""
+    if isinstance(value, dict):
+        if not value:
+            return "<span class='muted'>none</span>"
+        if depth >= 2:
+            return f"<code>{html.escape(json.dumps(value, default=str)[:300])}</code>"
+        return _details_html(value, depth + 1)
+    if isinstance(value, list):
+        if not value:
+            return "<span class='muted'>none</span>"
+        if all(not isinstance(v, (dict, list)) for v in value):
+            text = ", ".join(str(v) for v in value)
+            return html.escape(text if len(text) <= 300 else text[:299] + "…")
+        return "<br>".join(_value_html(v, depth + 1) for v in value[:10]) + (" …" if len(value) > 10 else "")
+    if value is None:
+        return "<span class='muted'>-</span>"
+    text = str(value)
+    return html.escape(text if len(text) <= 300 else text[:299] + "…")
+
+
+def _details_html(details: dict, depth: int = 0) -> str:
+    parts = []
+    run = {k: details.get(k) for k in RUN_KEYS if details.get(k)}
+    for key, value in details.items():
+        if key in RUN_KEYS:
+            continue
+        parts.append(f"<dt>{html.escape(key.replace('_', ' '))}</dt><dd>{_value_html(value, depth)}</dd>")
+    if run and depth == 0:
+        parts.append(f"<dt>DAG run</dt><dd>{html.escape(' / '.join(str(v) for v in run.values()))}</dd>")
+    return f"<dl class='op-details'>{''.join(parts)}</dl>"
+
+
+def _operation_summary(operation: str, details: dict) -> dict:
+    """What a person wants first of an operation (the rest is behind the raw JSON toggle)."""
+    if operation in ("rescale", "rescale-throughput"):
+        return {"throughput before": details.get("throughput_before"),
+                "throughput after": details.get("throughput_after", "measured by the job's next run"),
+                "settings after": (details.get("settings") or {}).get("after"),
+                **{k: details[k] for k in RUN_KEYS if details.get(k)}}
+    return details
+
+
 @app.get("/operations", response_class=HTMLResponse)
 def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
+    """Savepoints, restores, rescales, backfills and pipeline runs (of ``job``), newest first."""
     from streamlake.operations.records import recent_operations
 
     rows = []
     for r in recent_operations(limit, job):
         details = json.loads(r["details"] or "{}")
-        summary = details
-        if r["operation"] in ("rescale", "rescale-throughput"):
-            summary = {"before": details.get("throughput_before"),
-                       "after": details.get("throughput_after", "measured by the job's next run"),
-                       "settings": details.get("settings", {}).get("after")}
-        rows.append([_td(r["at"]), _td(r["operation"]), _td(r["job"]),
-                     "<td><code>" + html.escape(json.dumps(summary, default=str)[:600]) + "</code></td>"])
+        readable = _details_html(_operation_summary(r["operation"], details))
+        raw = (f"<details class='raw-json'><summary>raw JSON</summary><pre>"
+               f"{html.escape(json.dumps(details, indent=2, default=str))}</pre></details>")
+        rows.append([_td_time(r["at"]), _td(r["operation"]), _td(r["job"]), f"<td>{readable}{raw}</td>"])
     return _page("Operations", _table(["at", "operation", "job", "details"], rows, "No operations yet."))
 
 
@@ -200,52 +370,77 @@ def _json_cell(text: str | None, limit: int = 300) -> str:
 
 
 @app.get("/api/quality")
-def api_quality(table: str | None = None) -> list[dict]:
-    """The latest validation per table and suite, with its expectations (failing first)."""
+def api_quality(table: str | None = None, job: str | None = None) -> list[dict]:
+    """The latest validation per table and suite (of ``job``'s pipeline), with its expectations
+    (failing first)."""
     from streamlake.quality.results import latest
 
-    return json.loads(json.dumps(latest(table), default=str))
+    return json.loads(json.dumps(latest(table, job), default=str))
 
 
 @app.get("/api/quality/validations")
-def api_quality_validations(table: str | None = None, limit: int = Query(200, le=5000)) -> list[dict]:
+def api_quality_validations(table: str | None = None, job: str | None = None,
+                            limit: int = Query(200, le=5000)) -> list[dict]:
     from streamlake.quality.results import validations
 
-    return json.loads(json.dumps(validations(table, limit), default=str))
+    return json.loads(json.dumps(validations(table, limit, job), default=str))
+
+
+def _dom_id(text: str) -> str:
+    """``text`` as an HTML id (table and suite names hold ``/`` and ``.``)."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)
+
+
+def _job_picker(page: str, current: str | None, jobs: list[str], everything: str | None = None) -> str:
+    """Links to the same page of each pipeline (and of all of them when ``everything``)."""
+    links = []
+    if everything is not None:
+        cls = " class='current'" if current is None else ""
+        links.append(f"<a{cls} href='{page}'>{html.escape(everything)}</a>")
+    for name in jobs:
+        cls = " class='current'" if name == current else ""
+        links.append(f"<a{cls} data-job='{html.escape(name)}' href='{page}?job={quote(name)}'>{html.escape(name)}</a>")
+    return f"<p class='job-picker'>Pipeline: {' · '.join(links)}</p>"
 
 
 @app.get("/quality", response_class=HTMLResponse)
-def quality(request: Request, table: str | None = Query(None)) -> HTMLResponse:
+def quality(request: Request, table: str | None = Query(None), job: str | None = Query(None)) -> HTMLResponse:
+    """The latest validation per table and suite (of ``job``'s pipeline), failing first, with
+    a trend per suite and every expectation's outcome."""
+    from streamlake.operations.jobs import list_jobs
     from streamlake.quality.docs import suite_page
     from streamlake.quality.plots import trend_svg
-    from streamlake.quality.results import latest, trend
+    from streamlake.quality.results import latest, validations
 
-    current = latest(table)
+    current = latest(table, job)
     summary_rows = []
     for v in current:
         failing = [r["expectation_key"] for r in v["results"] if not r["success"]]
         summary_rows.append([
             _td(v["status"], v["status"]),
             f"<td><a href='#v-{html.escape(v['validation_id'])}'>{html.escape(v['table_name'])}</a></td>",
-            _suite_link(v["suite"]), _td(v["validated_at"]),
+            _suite_link(v["suite"]), _td_time(v["validated_at"]),
             _run_link(request, v), _td(_version_range(v)), _td(v["rows"], "num"),
             _td(f"{v['passed']}/{v['expectations']}", "num"), _td(", ".join(failing)),
             _docs_link(v["docs_page"]),
         ])
-    body = [("<p class='muted'>Latest validation per table and suite (Great Expectations), failing first. "
-            "A <b>critical</b> failure fails the operation's task; a <b>warning</b> flags the result. "
-            "Run one from the shell with <code>streamlake quality run --table T</code>. "
-            "<a class='docs-index' href='quality/docs/index.html'>Data Docs index</a></p>"),
+    body = [_job_picker("quality", job, list_jobs(), everything="all"),
+            ("<p class='muted'>Latest validation per table and suite (Great Expectations), failing first. "
+             "A <b>critical</b> failure fails the operation's task; a <b>warning</b> flags the result. "
+             "Suites derive from each pipeline's definition. Run one from the shell with "
+             "<code>streamlake quality run --job NAME --table T</code>. "
+             "<a class='docs-index' href='quality/docs/index.html'>Data Docs index</a></p>"),
             _table(["status", "table", "suite", "validated at", "operation / DAG run", "version range", "rows",
                     "expectations met", "failing", "report"], summary_rows,
                    "No quality results yet: they are recorded after every operation, or run "
-                   "`streamlake quality run --table bronze`.")]
-    tables = sorted({v["table_name"] for v in current})
-    if tables:
+                   "`streamlake quality run --job NAME --table bronze`.")]
+    suites = sorted({(v["suite"], v["table_name"]) for v in current})
+    if suites:
         body.append("<h2>Trend</h2><div class='trends'>")
-        for t in tables:
-            body.append(f"<div class='trend-box' id='trend-{html.escape(t)}'>"
-                        f"{trend_svg(trend(t), title=f'{t}: pass rate and unexpected rows')}</div>")
+        for suite, t in suites:
+            points = list(reversed([v for v in validations(t, 400, job) if v["suite"] == suite][:200]))
+            body.append(f"<div class='trend-box' id='trend-{_dom_id(suite)}' data-table='{html.escape(t)}'>"
+                        f"{trend_svg(points, title=f'{suite}: pass rate and unexpected rows')}</div>")
         body.append("</div>")
     for v in current:
         head = "".join(f"<th>{h}</th>" for h in ("severity", "key", "expectation", "column", "result", "observed",
@@ -274,7 +469,7 @@ def quality(request: Request, table: str | None = Query(None)) -> HTMLResponse:
             f"<h2>{html.escape(v['table_name'])} · <a class='suite-link' href='quality/docs/"
             f"{html.escape(quote(suite_page(v['suite'])))}'>{html.escape(v['suite'])}</a> · "
             f"<span class='{html.escape(v['status'])}'>{html.escape(v['status'])}</span></h2>"
-            f"<p class='muted'>{html.escape(str(v['validated_at']))} · operation "
+            f"<p class='muted'>{_time(v['validated_at'])} · operation "
             f"<b>{html.escape(v['operation'] or '')}</b> · {html.escape(_version_range(v))} of "
             f"<code>{html.escape(v['table_path'] or '')}</code> · {v['rows']} rows · quality run "
             f"<code>{html.escape(v['run_id'])}</code></p>"
@@ -321,83 +516,117 @@ def quality_docs(page: str):
 # -- late events ------------------------------------------------------------------------------------
 
 
-def _job_or_demo(job: str | None):
-    from streamlake.operations.jobs import DEMO_JOB, load_job
+def _job_or_default(job: str | None):
+    """The named job, or the demo pipeline (the first job when there is no demo)."""
+    from streamlake.operations.jobs import DEMO_JOB, list_jobs, load_job
 
-    return load_job(job or DEMO_JOB)
+    names = list_jobs()
+    return load_job(job or (DEMO_JOB if DEMO_JOB in names or not names else names[0]))
+
+
+def _late_hours(spec) -> list[dict]:
+    """Every aggregate's hourly late-event summary, each row with its ``aggregate``."""
+    from streamlake.pipeline.late_events import hourly_summary
+
+    definition = spec.definition
+    if definition is None:
+        return []
+    return [{"aggregate": agg.name, **h} for agg in definition.aggregates
+            for h in hourly_summary(definition, agg, spec.table_path(agg.late_table))]
 
 
 @app.get("/api/late-events")
 def api_late_events(job: str | None = None) -> list[dict]:
-    from streamlake.pipeline.late_events import hourly_summary
-
-    return json.loads(json.dumps(hourly_summary(_job_or_demo(job).table_path("late_events")), default=str))
+    return json.loads(json.dumps(_late_hours(_job_or_default(job)), default=str))
 
 
 @app.get("/late-events", response_class=HTMLResponse)
 def late_events(request: Request, job: str | None = Query(None)) -> HTMLResponse:
-    """Pending and applied late events per hour of event time, the windows they touch, and a
-    link to the prefilled backfill form for that hour."""
-    from streamlake.pipeline.late_events import hourly_summary
+    """Per aggregate of the pipeline: pending and applied late events per hour of event time,
+    the windows they touch, and a link to the prefilled backfill form for that hour."""
+    from streamlake.operations.jobs import list_jobs
+    from streamlake.orchestration.pipeline_dags import backfill_dag_id
 
-    spec = _job_or_demo(job)
-    rows = []
-    for h in hourly_summary(spec.table_path("late_events")):
-        form = (f"late-events/backfill?job={quote(spec.name)}&start={quote(h['hour'].isoformat())}"
-                f"&end={quote(h['end'].isoformat())}")
-        action = (f"<td><a class='backfill-link' href='{html.escape(form)}'>backfill this hour</a></td>"
-                  if h["pending"] else "<td class='muted'>nothing pending</td>")
-        rows.append([_td(f"{h['hour']:%Y-%m-%d %H:00} UTC"), _td(h["pending"], "num" + (" FAIL" if h["pending"] else "")),
-                     _td(h["applied"], "num"), _td(h["windows"], "num"),
-                     _td(", ".join(h["example_windows"]) + (" ..." if h["windows"] > len(h["example_windows"]) else "")),
-                     action])
-    body = _table(["event-time hour", "pending", "applied", "gold windows to restate", "some of them", ""], rows,
-                  "No late events: every event arrived before its window closed.")
-    intro = (f"<p>Job <b>{html.escape(spec.name)}</b>: events that arrived after their window had closed. Gold "
-             f"keeps them here until the <b>backfill_late_data</b> DAG restates their windows from silver "
-             f"(<a href='late-events/backfill?job={quote(spec.name)}&all_pending=true'>backfill all pending</a>, or "
-             f"<code>streamlake backfill --job {html.escape(spec.name)}</code>).</p>")
-    return _page("Late events", intro + body)
+    spec = _job_or_default(job)
+    definition = spec.definition
+    hours = _late_hours(spec)
+    dag = backfill_dag_id(spec.name)
+    body = [_job_picker("late-events", spec.name, list_jobs()),
+            f"<p>Pipeline <b>{html.escape(spec.name)}</b>: events that arrived after their window had closed. "
+            f"Each gold table keeps them until the <b>{html.escape(dag)}</b> DAG restates their windows from "
+            f"silver (<a class='backfill-all' href='late-events/backfill?job={quote(spec.name)}&all_pending=true'>"
+            f"backfill all pending</a>, or <code>streamlake backfill --job {html.escape(spec.name)}</code>).</p>"]
+    for agg in (definition.aggregates if definition else ()):
+        rows = []
+        for h in (h for h in hours if h["aggregate"] == agg.name):
+            form = (f"late-events/backfill?job={quote(spec.name)}&aggregate={quote(agg.name)}"
+                    f"&start={quote(h['hour'].isoformat())}&end={quote(h['end'].isoformat())}")
+            action = (f"<td><a class='backfill-link' href='{html.escape(form)}'>backfill this hour</a></td>"
+                      if h["pending"] else "<td class='muted'>nothing pending</td>")
+            examples = ", ".join(h["example_windows"]) + (" ..." if h["windows"] > len(h["example_windows"]) else "")
+            rows.append([f"<td>{_time(h['hour'])}</td>", _td(h["pending"], "num" + (" FAIL" if h["pending"] else "")),
+                         _td(h["applied"], "num"), _td(h["windows"], "num"), _td(examples), action])
+        table = _table(["event-time hour", "pending", "applied", "gold windows to restate", "some of them", ""], rows,
+                       "No late events: every event arrived before its window closed.")
+        body.append(f"<section class='aggregate' data-aggregate='{html.escape(agg.name)}'>"
+                    f"<h2>gold/{html.escape(agg.name)} <span class='muted'>({html.escape(str(agg.window))} windows, "
+                    f"allowed lateness {html.escape(agg.to_dict()['allowed_lateness'])})</span></h2>{table}</section>")
+    if definition is None:
+        body.append("<p class='muted'>This job ingests bronze only: it has no gold tables.</p>")
+    return _page("Late events", "".join(body))
 
 
 @app.get("/late-events/backfill", response_class=HTMLResponse)
-def backfill_form(job: str | None = Query(None), start: str | None = Query(None), end: str | None = Query(None),
-                  all_pending: bool = Query(False)) -> HTMLResponse:
+def backfill_form(job: str | None = Query(None), aggregate: str | None = Query(None), start: str | None = Query(None),
+                  end: str | None = Query(None), all_pending: bool = Query(False)) -> HTMLResponse:
     """The backfill trigger form, filled in for a range (Airflow 3.3's own form cannot be
     opened from a link with values)."""
-    spec = _job_or_demo(job)
+    from streamlake.orchestration.pipeline_dags import backfill_dag_id
+
+    spec = _job_or_default(job)
+    aggregates = [a.name for a in spec.definition.aggregates] if spec.definition else []
+    dag = backfill_dag_id(spec.name)
     value = lambda v: html.escape((v or "")[:19])  # noqa: E731 - datetime-local wants YYYY-MM-DDTHH:MM:SS
+    options = "".join(f"<option value='{html.escape(a)}'{' selected' if a == aggregate else ''}>gold/"
+                      f"{html.escape(a)}</option>" for a in aggregates)
     body = f"""<form method='post' action='late-events/backfill'>
       <input type='hidden' name='job' value='{html.escape(spec.name)}'>
+      <p><label>Aggregate <select name='aggregate'><option value=''{'' if aggregate else ' selected'}>every
+         aggregate</option>{options}</select></label></p>
       <p><label>Event time from (UTC) <input type='datetime-local' step='1' name='start' value='{value(start)}'></label>
          <label>to <input type='datetime-local' step='1' name='end' value='{value(end)}'></label></p>
       <p><label><input type='checkbox' name='all_pending' value='true' {'checked' if all_pending else ''}>
          all pending late events (ignore the range)</label></p>
       <p><label><input type='checkbox' name='dry_run' value='true'> dry run: list what would change, change nothing
          </label></p>
-      <p><button type='submit'>Trigger backfill_late_data</button></p></form>
-      <p class='muted'>Triggers a run of the <b>backfill_late_data</b> DAG as you, with this range; the run restates
+      <p><button type='submit'>Trigger {html.escape(dag)}</button></p></form>
+      <p class='muted'>Triggers a run of the <b>{html.escape(dag)}</b> DAG as you, with this range; the run restates
       the windows, marks the late events applied and proves gold equals a recompute from silver.</p>"""
     return _page(f"Backfill late events of {spec.name}", body, base="../")
 
 
 @app.post("/late-events/backfill", response_class=HTMLResponse)
 async def trigger_backfill(request: Request) -> HTMLResponse:
-    """Trigger ``backfill_late_data`` through Airflow's REST API with the caller's own login."""
+    """Trigger the pipeline's ``backfill_<pipeline>`` DAG through Airflow's REST API with the
+    caller's own login."""
     import urllib.error
     import urllib.request
 
+    from streamlake.orchestration.pipeline_dags import backfill_dag_id
+
     form = dict((await request.form()).items())
-    conf = {"job": form.get("job"), "all_pending": form.get("all_pending") == "true",
+    dag = backfill_dag_id(_job_or_default(form.get("job")).name)
+    conf = {"aggregate": form.get("aggregate") or None, "all_pending": form.get("all_pending") == "true",
             "dry_run": form.get("dry_run") == "true",
             "start": f"{form['start']}+00:00" if form.get("start") else None,
             "end": f"{form['end']}+00:00" if form.get("end") else None}
     token = request.cookies.get("_token") or request.headers.get("authorization", "").removeprefix("Bearer ")
     base = str(request.base_url).rstrip("/")
     base = base[: -len("/streamlake")] if base.endswith("/streamlake") else base
-    call = urllib.request.Request(f"{base}/api/v2/dags/backfill_late_data/dagRuns", method="POST",
+    call = urllib.request.Request(f"{base}/api/v2/dags/{quote(dag, safe='')}/dagRuns", method="POST",
                                   data=json.dumps({"logical_date": None, "conf": conf}).encode(),
                                   headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+
     def post():
         with urllib.request.urlopen(call, timeout=30) as resp:
             return json.load(resp)
@@ -410,16 +639,107 @@ async def trigger_backfill(request: Request) -> HTMLResponse:
         return _page("Backfill not triggered", f"<p class='FAIL'>Airflow answered {exc.code}: "
                                                f"{html.escape(exc.read().decode(errors='replace')[:500])}</p>",
                      base="../")
-    url = f"{_airflow_base(request)}/dags/backfill_late_data/runs/{quote(run['dag_run_id'], safe='')}"
-    return _page("Backfill triggered", f"<p class='PASS'>Run <a href='{html.escape(url)}' target='_top'>"
-                                       f"{html.escape(run['dag_run_id'])}</a> of backfill_late_data: "
+    url = f"{_airflow_base(request)}/dags/{quote(dag, safe='')}/runs/{quote(run['dag_run_id'], safe='')}"
+    return _page("Backfill triggered", f"<p class='PASS'>Run <a class='run-link' href='{html.escape(url)}' "
+                                       f"target='_top'>{html.escape(run['dag_run_id'])}</a> of {html.escape(dag)}: "
                                        f"<code>{html.escape(json.dumps(conf))}</code></p>", base="../")
+
+
+# -- pipelines ----------------------------------------------------------------------------------------
+
+
+def _pipeline_overview(name: str) -> dict:
+    """One pipeline as the Pipelines view shows it: definition, tables with their Delta
+    versions, pending late events per aggregate, latest checks and quality."""
+    from streamlake.delta.table import open_table
+    from streamlake.operations.consistency import recent_checks
+    from streamlake.operations.jobs import load_job
+    from streamlake.pipeline.late_events import pending_count
+    from streamlake.quality.results import latest
+
+    job = load_job(name)
+    definition = job.definition
+    tables = {}
+    for table, path in job.tables().items():
+        try:
+            tables[table] = open_table(path).version()
+        except FileNotFoundError:
+            tables[table] = None
+    pending = {}
+    for agg in (definition.aggregates if definition else ()):
+        pending[agg.name] = pending_count(definition, agg, job.table_path(agg.late_table))
+    last_checks = {}
+    for row in recent_checks(200, name):
+        key = (row.get("kind") or "kafka-audit", _table_of(row.get("table_path")))
+        last_checks.setdefault(key, row)
+    quality = {v["table_name"]: v["status"] for v in latest(None, name)}
+    return {"name": name, "definition": definition.source if definition else None,
+            "description": definition.description if definition else "", "topics": job.source_topics,
+            "root": job.root, "running": job.control.is_running(), "tables": tables, "pending_late_events": pending,
+            "aggregates": {a.name: {"keys": list(a.keys), "window": str(a.window),
+                                    "measures": {m.column: m.expression for m in a.measures}}
+                           for a in (definition.aggregates if definition else ())},
+            "checks": [{"check": CHECK_NAMES.get(kind, kind), "table": table, "verdict": r["verdict"],
+                        "checked_at": r["checked_at"]} for (kind, table), r in last_checks.items()],
+            "quality": quality}
+
+
+@app.get("/api/pipelines")
+def api_pipelines() -> list[dict]:
+    from streamlake.operations.jobs import list_jobs
+
+    return json.loads(json.dumps([_pipeline_overview(n) for n in list_jobs()], default=str))
+
+
+@app.get("/pipelines", response_class=HTMLResponse)
+def pipelines(request: Request) -> HTMLResponse:
+    """Every pipeline: its definition, tables, pending late events, latest checks and quality."""
+    from streamlake.operations.jobs import list_jobs
+    from streamlake.orchestration.pipeline_dags import backfill_dag_id, ingest_dag_id
+
+    base = _airflow_base(request)
+    body = ["<p class='muted'>Each definition in <code>pipelines/</code> (and each job defined with "
+            "<code>streamlake job define</code>) is a pipeline: its DAGs run it, these pages show it. "
+            "<code>streamlake pipeline validate FILE</code> shows what a definition makes.</p>"]
+    names = list_jobs()
+    for name in names:
+        p = _pipeline_overview(name)
+        q = p["quality"]
+        rows = [[_td(t), _td("-" if v is None else f"v{v}", "num"), _td(q.get(t, "-"), q.get(t, "")),
+                 _td(p["pending_late_events"].get(t.split("/", 1)[1], "") if t.startswith("late_events/") else "",
+                     "num")]
+                for t, v in p["tables"].items()]
+        checks_rows = [[_td(c["check"]), _td(c["table"]), _td(c["verdict"], c["verdict"]), _td_time(c["checked_at"])]
+                       for c in p["checks"]]
+        links = (f"<a href='{base}/dags/{quote(ingest_dag_id(name))}' target='_top'>{ingest_dag_id(name)}</a> · "
+                 f"<a href='{base}/dags/{quote(backfill_dag_id(name))}' target='_top'>{backfill_dag_id(name)}</a> · "
+                 f"<a href='late-events?job={quote(name)}'>late events</a> · "
+                 f"<a href='quality?job={quote(name)}'>data quality</a> · "
+                 f"<a href='checks?job={quote(name)}'>checks</a> · <a href='savepoints?job={quote(name)}'>savepoints</a>")
+        aggs = "".join(f"<li><b>gold/{html.escape(a)}</b>: per {html.escape(', '.join(d['keys']) or 'window')} and "
+                       f"{html.escape(d['window'])} window: "
+                       f"{html.escape(', '.join(f'{c} = {e}' for c, e in d['measures'].items()))}</li>"
+                       for a, d in p["aggregates"].items())
+        body.append(
+            f"<section class='pipeline' data-pipeline='{html.escape(name)}'><h2>{html.escape(name)} "
+            f"<span class='muted'>{'running' if p['running'] else 'idle'}</span></h2>"
+            f"<p>{html.escape(p['description'])}</p><p class='muted'>topics {html.escape(', '.join(p['topics']))} · "
+            f"root <code>{html.escape(p['root'])}</code> · definition <code>{html.escape(p['definition'] or '-')}"
+            f"</code></p><p>{links}</p><ul>{aggs}</ul>"
+            + _table(["table", "Delta version", "latest quality", "late events pending"], rows, "")
+            + _table(["check", "table", "verdict", "checked at"], checks_rows, "No checks recorded yet.")
+            + "</section>")
+    if not names:
+        body.append("<p class='muted'>No pipelines: add a definition to pipelines/.</p>")
+    return _page("Pipelines", "".join(body))
 
 
 class StreamLakePlugin(AirflowPlugin):
     name = "streamlake"
     fastapi_apps = [{"app": app, "url_prefix": "/streamlake", "name": "StreamLake"}]
     external_views = [
+        {"name": "Pipelines", "href": "/streamlake/pipelines", "destination": "nav", "category": "StreamLake",
+         "url_route": "streamlake-pipelines"},
         {"name": "Savepoints", "href": "/streamlake/savepoints", "destination": "nav", "category": "StreamLake",
          "url_route": "streamlake-savepoints"},
         {"name": "Consistency checks", "href": "/streamlake/checks", "destination": "nav",

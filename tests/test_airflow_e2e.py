@@ -1,8 +1,11 @@
 """The DAGs end to end with `airflow dags test`: real Airflow, broker, Spark and Delta.
 
-Every job here is a whole pipeline (bronze -> silver -> gold). One `airflow dags
-test` runs at a time (the metadata DB is SQLite); jobs that must keep running
-meanwhile are started continuously by a DAG run or the CLI in the background.
+Every job here is a whole pipeline (bronze -> silver -> gold) from a definition
+written into a pipelines directory of the test's own (``STREAMLAKE_PIPELINES``),
+so Airflow builds its ``ingest_<job>`` and ``backfill_<job>`` DAGs as it does for
+``pipelines/``. One `airflow dags test` runs at a time (the metadata DB is
+SQLite); jobs that must keep running meanwhile are started continuously by a DAG
+run or the CLI in the background.
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import delta_log_entries
+import yaml
+
+from helpers import EXAMPLES, delta_log_entries
 from streamlake.delta.table import open_table, read_table
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import TopicPartition
 from streamlake.operations.audit import audit_offsets
 from streamlake.operations.jobs import JobSpec, load_job, save_job
 from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
-from streamlake.pipeline.schemas import GOLD, SILVER
-from streamlake.pipeline.windows import WindowSpec
+from streamlake.pipeline.schemas import gold_spec, silver_spec
 
 pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
@@ -46,7 +50,7 @@ def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool
     from streamlake.platform.airflow import airflow_env, airflow_executable
 
     cmd = [airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)]
-    full_env = {**airflow_env(), **(env or {})}
+    full_env = {**airflow_env(), "STREAMLAKE_PIPELINES": os.environ["STREAMLAKE_PIPELINES"], **(env or {})}
     if background:
         return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -54,8 +58,23 @@ def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool
     return done.returncode, done.stdout + done.stderr
 
 
-def define_job(tmp_path, name: str, topic: str, **kwargs) -> JobSpec:
-    return save_job(JobSpec(name=name, topics=[topic], root=str(tmp_path / name), **kwargs))
+@pytest.fixture(autouse=True)
+def pipelines_dir(tmp_path, monkeypatch):
+    """The test's own pipelines directory: the DAGs Airflow builds are those of its definitions."""
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    monkeypatch.setenv("STREAMLAKE_PIPELINES", str(folder))
+    return folder
+
+
+def define_job(tmp_path, name: str, topic: str, example: str = "sensors", **kwargs) -> JobSpec:
+    """A job of the example definition ``example`` renamed ``name``, reading ``topic``, its
+    definition in the test's pipelines directory."""
+    data = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
+    data.update(name=name, topics=[topic])
+    path = Path(os.environ["STREAMLAKE_PIPELINES"]) / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return save_job(JobSpec(name=name, root=str(tmp_path / name), definition_file=str(path), **kwargs))
 
 
 def rows_committed(job: JobSpec, partitions: int = 3) -> int:
@@ -63,7 +82,8 @@ def rows_committed(job: JobSpec, partitions: int = 3) -> int:
         table = open_table(job.table)
     except FileNotFoundError:
         return 0
-    return sum(committed_offsets(table, [TopicPartition(job.topics[0], p) for p in range(partitions)]).values())
+    topic = job.source_topics[0]
+    return sum(committed_offsets(table, [TopicPartition(topic, p) for p in range(partitions)]).values())
 
 
 def wait(predicate, timeout: float, what: str) -> None:
@@ -76,24 +96,33 @@ def wait(predicate, timeout: float, what: str) -> None:
 
 
 def assert_every_stage(spark, job: JobSpec, rows: int | None = None):
-    report = audit_offsets(job.table, job.topics)
+    report = audit_offsets(job.table, job.source_topics)
     assert report.exactly_once, report.summary()
     if rows is not None:
         assert report.totals()["table_rows"] == rows, report.summary()
-    accounting = account_for_bronze(spark, job.tables())
+    definition = job.definition
+    accounting = account_for_bronze(spark, job.tables(), definition)
     assert accounting.passed, accounting.summary()
-    gold = check_gold(spark, job.tables(), WindowSpec.parse(job.window))
-    assert gold.passed, gold.summary()
+    for aggregate in definition.aggregates:
+        gold = check_gold(spark, job.tables(), definition, aggregate)
+        assert gold.passed, gold.summary()
     return accounting
+
+
+def gold_of(spark, job: JobSpec, columns=("sensor_id", "window_start", "count", "sum_temperature")) -> set:
+    definition = job.definition
+    aggregate = definition.aggregates[0]
+    rows = read_table(spark, job.table_path(aggregate.gold_table), gold_spec(definition, aggregate))
+    return {tuple(r) for r in rows.select(*columns).collect()}
 
 
 def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topic_name, tmp_path):
     from streamlake.operations.consistency import recent_checks
     from streamlake.operations.savepoints import list_savepoints
 
-    job = define_job(tmp_path, f"flow_{topic_name}", topic_name, max_offsets_per_trigger=400)
+    job = define_job(tmp_path, f"flow-{topic_name}", topic_name, max_offsets_per_trigger=400)
     produce(topic_name, 1500, seed=1, malformed_fraction=0.05, duplicate_fraction=0.05)
-    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"})
     assert code == 0, out[-4000:]
     assert "EXACTLY ONCE: 1500 rows" in out and "EVERY BRONZE ROW ONCE" in out and "GOLD EQUALS RECOMPUTE" in out
 
@@ -101,36 +130,35 @@ def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topi
     assert code == 0, out[-4000:]
     savepoint = list_savepoints(job.name)[0]
     assert savepoint.offsets() == committed_offsets(open_table(job.table), savepoint.offsets())
-    assert set(savepoint.versions()) == {"bronze", "silver", "quarantine", "gold", "late_events"}
+    assert set(savepoint.versions()) == set(job.definition.table_names())
     assert set(savepoint.checkpoints) == {"bronze", "silver", "gold"}
-    silver_at_savepoint = read_table(spark, job.table_path("silver"), SILVER).count()
-    gold_at_savepoint = {tuple(r) for r in read_table(spark, job.table_path("gold"), GOLD)
-                         .select("sensor_id", "window_start", "count", "sum_temperature").collect()}
+    assert savepoint.definition == job.definition.to_dict(), "the savepoint holds the definition it was built with"
+    silver = silver_spec(job.definition)
+    silver_at_savepoint = read_table(spark, job.table_path("silver"), silver).count()
+    gold_at_savepoint = gold_of(spark, job)
 
     produce(topic_name, 700, seed=2, malformed_fraction=0.05)
-    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled"})
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"})
     assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
-    assert read_table(spark, job.table_path("silver"), SILVER).count() > silver_at_savepoint
+    assert read_table(spark, job.table_path("silver"), silver).count() > silver_at_savepoint
 
     code, out = dags_test("restore", {"savepoint_id": savepoint.id})
     assert code == 0, out[-4000:]
     assert "[restore] job" in out and "EXACTLY ONCE: 1500 rows" in out and "offsets match the expected ones" in out
-    assert "restored__" in out, "the restore starts the job from the restored state (a streaming_ingest run)"
+    assert "restored__" in out, "the restore starts the job from the restored state (a run of its ingest DAG)"
     # That run, as the scheduler would run it (`dags test` does not run triggered runs):
     # the 700 records after the savepoint flow through every stage again, checked.
-    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled", "resumes": "restore"})
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "resumes": "restore"})
     assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
     assert "[restore] job" in out, "the resumed run's checks are recorded under the restore"
-    for table in ("bronze", "silver", "gold"):
+    for table in ("bronze", "silver", "gold/per_minute"):
         restores = [a["commitInfo"] for c in delta_log_entries(job.table_path(table)) for a in c
                     if "commitInfo" in a and a["commitInfo"]["operation"] == "RESTORE"]
         assert len(restores) == 1, f"{table}: the restore is a new commit, history is kept"
 
     accounting = assert_every_stage(spark, job, 2200)
     assert accounting.bronze_rows == 2200
-    gold_now = {tuple(r) for r in read_table(spark, job.table_path("gold"), GOLD)
-                .select("sensor_id", "window_start", "count", "sum_temperature").collect()}
-    assert gold_now != gold_at_savepoint  # the stream went on after the restore
+    assert gold_of(spark, job) != gold_at_savepoint  # the stream went on after the restore
     done = {(c["operation"], c.get("kind")): c["verdict"] for c in recent_checks(100, job.name)}
     assert set(done.values()) == {"PASS"}, done
     assert {op for op, _ in done} >= {"ingest-scheduled", "savepoint", "restore"}
@@ -143,14 +171,14 @@ def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(ai
     from streamlake.operations.runner import job_processes, kill_job
     from streamlake.operations.savepoints import create_savepoint, dispose_savepoint, restore_savepoint
 
-    job = define_job(tmp_path, f"cont_{topic_name}", topic_name, processing_time_s=1.0)
+    job = define_job(tmp_path, f"cont-{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 600, seed=4)
     # A savepoint of the idle (empty) job, restored at once: the run below is "restored from" it.
     first = create_savepoint(job)
     restore_savepoint(first.id)
 
-    run = dags_test("streaming_ingest", {"job": job.name, "mode": "continuous", "restart_strategy": "fixed-delay",
-                                          "restart_attempts": 3, "restart_delay_seconds": 1}, background=True)
+    run = dags_test(f"ingest_{job.name}", {"mode": "continuous", "restart_strategy": "fixed-delay",
+                                            "restart_attempts": 3, "restart_delay_seconds": 1}, background=True)
     try:
         wait(lambda: rows_committed(job) == 600, 240, "the continuous job to ingest the first records")
         pids = {p.pid for p in job_processes(job)}
@@ -183,10 +211,10 @@ def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, p
     from streamlake.operations.control import JobControl
     from streamlake.pipeline.driver import run_stages
 
-    job = define_job(tmp_path, f"flaky_{topic_name}", topic_name, processing_time_s=1.0)
+    job = define_job(tmp_path, f"flaky-{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 300, seed=6)
-    code, out = dags_test("streaming_ingest", {
-        "job": job.name, "mode": "continuous", "restart_strategy": "failure-rate",
+    code, out = dags_test(f"ingest_{job.name}", {
+        "mode": "continuous", "restart_strategy": "failure-rate",
         "max_failures_per_interval": 1, "failure_interval_seconds": 600, "restart_delay_seconds": 1,
     }, env={"STREAMLAKE_CRASH_AT": "after_files"})  # every run is SIGKILLed after writing its bronze files
     assert code != 0
@@ -211,11 +239,12 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     """1 core -> 2 cores and gold's aggregation 2 -> 5 partitions while the stream runs; gold
     is then identical to gold of a reference run over the same topic without the rescale
     (late events applied in both, so micro-batch boundaries cannot matter)."""
-    from streamlake.kafka.producer import produce_sensor_readings
+    from conftest import sensors_definition
+    from streamlake.kafka.producer import produce_records
     from streamlake.operations.control import JobControl
     from streamlake.operations.records import recent_operations
     from streamlake.operations.savepoints import list_savepoints
-    from streamlake.pipeline.backfill import PipelinePaths, run_backfill
+    from streamlake.pipeline.backfill import AggregatePaths, run_backfill
     from streamlake.pipeline.driver import run_stages
     from streamlake.platform import spark_cluster
 
@@ -224,7 +253,7 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     master = spark_cluster.master_url(port)
     cluster_conn = {"AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
                                                               "port": port})}
-    job = define_job(tmp_path, f"scale_{topic_name}", topic_name, processing_time_s=1.0, master=master,
+    job = define_job(tmp_path, f"scale-{topic_name}", topic_name, processing_time_s=1.0, master=master,
                      spark_conn_id="spark_cluster", total_executor_cores=1, executor_cores=1, gold_partitions=2)
     stop = threading.Event()
     shape = dict(topic=topic_name, partitions=3, rate=150, value_bytes=200, progress=False, late_fraction=0.05,
@@ -233,10 +262,10 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     def stream():
         # 2,000 records, then the last 1,000 once the rescale's savepoint stopped the job: records
         # arrive while it is stopped, so the restarted job has work to measure throughput on.
-        produce_sensor_readings(count=2000, seed=41, **shape)
+        produce_records(sensors_definition(), count=2000, seed=41, **shape)
         while not stop.is_set() and not any(s.note == "rescale" for s in list_savepoints(job.name)):
             time.sleep(0.5)
-        produce_sensor_readings(count=1000, seed=42, **shape)
+        produce_records(sensors_definition(), count=1000, seed=42, **shape)
 
     producer = threading.Thread(target=stream)
     producer.start()
@@ -248,14 +277,13 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
                                           "total_executor_cores": 2, "executor_cores": 1, "min_partitions": 4,
                                           "gold_partitions": 5}, env=cluster_conn)
         assert code == 0, out[-4000:]
-        assert "rescaled__" in out, "the rescale starts the job on its new resources (a streaming_ingest run)"
+        assert "rescaled__" in out, "the rescale starts the job on its new resources (a run of its ingest DAG)"
         out_cli, _ = running.communicate(timeout=120)
         assert running.returncode == 0, f"the running job stops with the savepoint: {out_cli[-2000:]}"
         # That run, as the scheduler would run it (`dags test` does not run triggered runs), on the
         # cluster with the new resources; available-now rather than continuous so that it ends.
-        code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled",
-                                                   "spark_conn_id": "spark_cluster", "resumes": "rescale"},
-                              env=cluster_conn)
+        code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "spark_conn_id": "spark_cluster",
+                                                     "resumes": "rescale"}, env=cluster_conn)
         assert code == 0, out[-4000:]
     finally:
         producer.join(120)
@@ -277,19 +305,16 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     assert "[rescale] job" in out and "EXACTLY ONCE" in out  # the resumed run's proof, under the rescale
     # The stream went on while the job was stopped: catch up (2 cores, 5 gold partitions), then
     # build the reference from the same topic in one go, without any rescale.
-    code, out = dags_test("streaming_ingest", {"job": job.name, "mode": "scheduled", "spark_conn_id": "spark_default"})
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "spark_conn_id": "spark_default"})
     assert code == 0, out[-4000:]
-    reference = define_job(tmp_path, f"ref_{topic_name}", topic_name, gold_partitions=2)
+    reference = define_job(tmp_path, f"ref-{topic_name}", topic_name, gold_partitions=2)
     cfg = reference.pipeline_config()
     run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True, report=lambda _: None)
-    window = WindowSpec.parse(job.window)
     for j in (rescaled, reference):
-        run_backfill(spark, PipelinePaths.of(j.root), window)
+        definition = j.definition
+        for aggregate in definition.aggregates:
+            run_backfill(spark, definition, aggregate, AggregatePaths.of(j.root, aggregate))
         assert_every_stage(spark, j, 3000)
-
-    def gold(j):
-        return sorted(tuple(r) for r in read_table(spark, j.table_path("gold"), GOLD).select(
-            "sensor_id", "window_start", "window_end", "count", "sum_temperature", "min_temperature",
-            "max_temperature", "avg_temperature").collect())
-
-    assert gold(rescaled) == gold(reference)
+    columns = ("sensor_id", "window_start", "window_end", "count", "sum_temperature", "min_temperature",
+               "max_temperature", "avg_temperature")
+    assert gold_of(spark, rescaled, columns) == gold_of(spark, reference, columns)

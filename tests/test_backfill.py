@@ -159,3 +159,49 @@ def test_a_backfill_before_the_first_pipeline_run_has_nothing_to_do(tmp_path):
     assert summary["late_events"] == 0 and summary["checks"] == []
     assert all(e["gold_version"] is None and "does not exist yet" in e["summary"] for e in summary["aggregates"])
     assert not (tmp_path / "job" / "gold").exists()
+
+
+def test_late_events_view_shows_pending_hours_per_aggregate_and_links_the_prefilled_form(spark, with_late_events):
+    """StreamLake -> Late events: per aggregate, pending and applied counts per hour, the
+    windows they touch, a link to the backfill form filled in for that hour and aggregate;
+    after a backfill, nothing pending."""
+    import importlib.util
+    from pathlib import Path
+
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    from streamlake.operations.jobs import job_for_root, save_job
+
+    cfg = with_late_events
+    d = cfg.definition
+    job = save_job(job_for_root(cfg.root, definition_file=d.source, name=f"view_{Path(cfg.root).parent.name[-20:]}"))
+    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
+    spec = importlib.util.spec_from_file_location("streamlake_views_late", path)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
+    client = TestClient(plugin.app, root_path="/streamlake")
+    try:
+        hours = client.get(f"/api/late-events?job={job.name}").json()
+        for agg in d.aggregates:
+            mine = [h for h in hours if h["aggregate"] == agg.name]
+            pending = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg)).where("NOT applied").count()
+            assert mine and sum(h["pending"] for h in mine) == pending
+            assert all(h["windows"] >= 1 for h in mine if h["pending"])
+        page = client.get(f"/late-events?job={job.name}").text
+        assert "data-aggregate='revenue_5m'" in page and "data-aggregate='activity'" in page
+        assert "backfill this hour" in page and "gold windows to restate" in page
+        link = page.split("class='backfill-link' href='")[1].split("'")[0].replace("&amp;", "&")
+        assert "aggregate=revenue_5m" in link
+        form = client.get("/" + link).text
+        hour = next(h for h in hours if h["aggregate"] == "revenue_5m")["hour"][:19].replace(" ", "T")
+        assert "type='datetime-local'" in form and hour in form and f"Trigger backfill_{job.name}" in form
+        assert "<option value='revenue_5m' selected>" in form
+        for agg in d.aggregates:
+            run_backfill(spark, d, agg, AggregatePaths.of(cfg.root, agg))
+        after = client.get(f"/api/late-events?job={job.name}").json()
+        assert sum(h["pending"] for h in after) == 0 and sum(h["applied"] for h in after) > 0
+        assert "nothing pending" in client.get(f"/late-events?job={job.name}").text
+    finally:
+        plugin.app.dependency_overrides.clear()

@@ -250,7 +250,7 @@ def ui():
 def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     plugin, client, _ = ui
     names = [v["name"] for v in plugin.StreamLakePlugin.external_views]
-    assert names == ["Savepoints", "Consistency checks", "Operations", "Late events", "Data quality"]
+    assert names == ["Pipelines", "Savepoints", "Consistency checks", "Operations", "Late events", "Data quality"]
 
     path = str(tmp_path / "silver")
     v1 = write(path, "silver", clean("silver", 4, start=500))
@@ -281,8 +281,8 @@ def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     # the quarantine result, its unknown reason, and trend plots per table
     assert "data-key='reason_known' data-severity='critical'" in text
     assert "not from a DAG run" in text
-    for table in ("silver", "quarantine"):
-        assert f"<div class='trend-box' id='trend-{table}'><svg" in text
+    for suite, table in (("streamlake-orders-silver", "silver"), ("streamlake-orders-quarantine", "quarantine")):
+        assert f"<div class='trend-box' id='trend-{suite}' data-table='{table}'><svg" in text
     assert "class=\"point FAIL\"" in text and "class=\"bar\"" in text
     # the summary lists failing validations first
     summary = text[: text.index("<h2>Trend</h2>")]
@@ -296,8 +296,11 @@ def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     assert client.get("/quality/docs/static/styles/data_docs_custom_styles_template.css").status_code in (200, 404)
     redirect = client.get("/quality/docs", follow_redirects=False)
     assert redirect.status_code in (302, 307) and redirect.headers["location"].endswith("docs/index.html")
-    api = client.get("/api/quality", params={"table": "silver"}).json()
+    api = client.get("/api/quality", params={"table": "silver", "job": "orders"}).json()
     assert api[0]["validation_id"] == bad.validation_id and api[0]["status"] == "FAIL"
+    assert client.get("/api/quality", params={"table": "silver", "job": "sensors"}).json() == [] or all(
+        v["suite"].startswith("streamlake.sensors.") for v in client.get(
+            "/api/quality", params={"table": "silver", "job": "sensors"}).json())
     assert client.get("/api/quality/validations").status_code == 200
 
 
@@ -322,8 +325,8 @@ def test_docs_route_rejects_paths_outside_the_docs_folder(ui, tmp_path):
 def test_every_streamlake_page_needs_a_login(ui):
     _, _, anonymous = ui
     for url in ("/quality", "/quality/docs/index.html", "/quality/docs/no/such/page.html", "/api/quality",
-                "/api/quality/validations", "/savepoints",
-                "/checks", "/operations", "/api/checks", "/api/savepoints"):
+                "/api/quality/validations", "/savepoints", "/pipelines", "/api/pipelines", "/late-events",
+                "/api/late-events", "/checks", "/operations", "/api/checks", "/api/savepoints"):
         assert anonymous.get(url, follow_redirects=False).status_code == 401, url
 
 

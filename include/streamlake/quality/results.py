@@ -125,17 +125,26 @@ def group_validations(rows: Iterable[Mapping]) -> OrderedDict[str, list[dict]]:
     return out
 
 
-def validations(table: str | None = None, limit: int | None = None) -> list[dict]:
-    """Summaries of recorded validations, newest first (optionally of one table)."""
-    out = [summarize(rows) for rows in group_validations(read_results(table_name=table)).values()]
+def _of_pipeline(rows: list[dict], pipeline: str | None) -> list[dict]:
+    """The rows of ``pipeline``'s suites (``streamlake.<pipeline>.<table>``); all when None."""
+    if pipeline is None:
+        return rows
+    prefix = f"streamlake.{pipeline}."
+    return [r for r in rows if (r.get("suite") or "").startswith(prefix)]
+
+
+def validations(table: str | None = None, limit: int | None = None, pipeline: str | None = None) -> list[dict]:
+    """Summaries of recorded validations, newest first (optionally of one table, of one pipeline)."""
+    rows = _of_pipeline(read_results(table_name=table), pipeline)
+    out = [summarize(group) for group in group_validations(rows).values()]
     return out[:limit] if limit else out
 
 
-def latest(table: str | None = None) -> list[dict]:
+def latest(table: str | None = None, pipeline: str | None = None) -> list[dict]:
     """The latest validation per (table, suite): its summary plus ``results`` (its
     expectation rows, failing first). Failing validations first, then by table."""
     seen: dict[tuple, dict] = {}
-    for rows in group_validations(read_results(table_name=table)).values():
+    for rows in group_validations(_of_pipeline(read_results(table_name=table), pipeline)).values():
         key = (rows[0]["table_name"], rows[0]["suite"])
         if key not in seen:  # rows are newest first
             seen[key] = {**summarize(rows), "results": failing_first(rows)}
@@ -143,9 +152,9 @@ def latest(table: str | None = None) -> list[dict]:
                                                 v["table_name"], v["suite"]))
 
 
-def trend(table: str, limit: int = 200) -> list[dict]:
-    """The table's validations, oldest first (the last ``limit``), for the trend plot."""
-    return list(reversed(validations(table, limit)))
+def trend(table: str, limit: int = 200, pipeline: str | None = None) -> list[dict]:
+    """The table's validations (of one pipeline), oldest first (the last ``limit``), for the trend plot."""
+    return list(reversed(validations(table, limit, pipeline)))
 
 
 def last_validation(table_path: str) -> dict | None:

@@ -1,0 +1,114 @@
+"""The StreamLake views as HTML: every check names itself and what it covered, operations read
+as fields (raw JSON behind a toggle), times are seconds with UTC on hover, and the Pipelines
+view lists every pipeline of pipelines/. In-process through FastAPI's test client (the
+Airflow login itself, in a real browser, is tests/test_live_platform.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def client():
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    spec = importlib.util.spec_from_file_location("streamlake_views_html", ROOT / "plugins" / "streamlake_views.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
+    yield TestClient(plugin.app, root_path="/streamlake")
+    plugin.app.dependency_overrides.clear()
+
+
+def _rows(page: str, cls: str) -> list[str]:
+    return re.findall(rf"<tr class='{cls}'[^>]*>.*?</tr>", page, flags=re.S)
+
+
+def test_every_check_names_itself_and_what_it_covered(client, tmp_path):
+    from streamlake.operations.consistency import RESULTS, migrate_results_table, record_pipeline_check
+    from streamlake.operations.jobs import JobSpec
+    from streamlake.operations.records import append_row
+
+    job = JobSpec(name="views-job", root=str(tmp_path / "root"), topics=["views-topic"])
+    migrate_results_table()
+    append_row(RESULTS, {
+        "check_id": "chk-audit", "operation": "savepoint", "checked_at": dt.datetime(2026, 11, 25, 10, 11, 12, 345678,
+                                                                                     tzinfo=dt.timezone.utc),
+        "job": job.name, "table_path": f"{job.root}/bronze", "topics": json.dumps(["views-topic"]),
+        "delta_version": 7, "kafka_records": 10, "table_rows": 10, "missing": 0, "duplicated": 0, "extra": 0,
+        "mismatched": 0, "offsets_expected": json.dumps({"views-topic": {"0": 5, "1": 5}}), "offsets_match": True,
+        "verdict": "PASS", "summary": "ok", "context": json.dumps({"dag_id": "savepoint", "run_id": "r1"}),
+        "mode": "incremental", "proof_version": 5, "kind": "kafka-audit"})
+    record_pipeline_check(job, "ingest-scheduled", "pipeline-accounting", True, "ok",
+                          {"bronze_version": 9, "since_version": 7, "bronze_rows": 4}, {})
+    record_pipeline_check(job, "backfill", "gold", False, "VIOLATED",
+                          {"silver_version": 4, "range_start": "2026-11-25T10:00:00+00:00", "range_end": None,
+                           "windows_checked": 3, "mismatched": 1}, {}, table_path=f"{job.root}/gold/revenue_5m")
+    page = client.get(f"/checks?job={job.name}").text
+    rows = _rows(page, "check")
+    kinds = [re.search(r"data-kind='([^']+)'", r).group(1) for r in rows]
+    assert sorted(kinds) == ["gold", "kafka-audit", "pipeline-accounting"]
+    by_kind = dict(zip(kinds, rows))
+    name = lambda row: re.search(r"class='check-name'[^>]*>([^<]+)<", row).group(1)  # noqa: E731
+    covered = lambda row: re.search(r"<td class='check-covered'>([^<]+)<", row).group(1)  # noqa: E731
+    assert name(by_kind["kafka-audit"]) == "Kafka audit"
+    assert covered(by_kind["kafka-audit"]).startswith("bronze v7 against views-topic (incremental from the proof of v5)")
+    assert "offsets expected views-topic-0: 5, views-topic-1: 5" in covered(by_kind["kafka-audit"]).replace("&#x27;", "'")
+    assert name(by_kind["pipeline-accounting"]) == "pipeline accounting"
+    assert "bronze versions (7, 9]" in covered(by_kind["pipeline-accounting"])
+    assert name(by_kind["gold"]) == "gold = recompute"
+    assert covered(by_kind["gold"]).startswith("gold/revenue_5m against silver v4, event time [2026-11-25T10:00:00")
+    assert "<td class='FAIL'>FAIL</td>" in by_kind["gold"]
+    # times: to the second, UTC in the page and on hover, no microseconds
+    assert ("<time class='ts' datetime='2026-11-25T10:11:12Z' title='2026-11-25 10:11:12 UTC'>"
+            "2026-11-25 10:11:12 UTC</time>") in by_kind["kafka-audit"]
+    assert "345678" not in page and "time.ts[datetime]" in page, "the browser shows local time (the page's script)"
+
+
+def test_operations_read_as_fields_with_the_raw_json_behind_a_toggle(client):
+    from streamlake.operations.records import record_operation
+
+    record_operation("savepoint", "views-ops", {"savepoint": "sp-1", "stopped": False,
+                                                "versions": {"bronze": 3, "silver": 2},
+                                                "offsets": {"t": {"0": 10}}, "dag_id": "savepoint",
+                                                "run_id": "manual__1", "task_id": "take_savepoint"})
+    record_operation("rescale", "views-ops", {"settings": {"before": {"total_executor_cores": 1},
+                                                           "after": {"total_executor_cores": 2}},
+                                              "throughput_before": {"rows_per_second": 100.0}})
+    page = client.get("/operations?job=views-ops").text
+    details = re.findall(r"<dl class='op-details'>.*?</dl>\s*<details class='raw-json'>", page, flags=re.S)
+    assert len(details) == 2
+    savepoint = next(d for d in details if "sp-1" in d)
+    for field in ("<dt>savepoint</dt><dd>sp-1</dd>", "<dt>stopped</dt><dd>False</dd>", "<dt>versions</dt>",
+                  "<dt>bronze</dt><dd>3</dd>", "<dt>DAG run</dt><dd>savepoint / manual__1 / take_savepoint</dd>"):
+        assert field in savepoint, field
+    rescale = next(d for d in details if "throughput before" in d)
+    assert "<dt>settings after</dt>" in rescale and "<dt>total executor cores</dt><dd>2</dd>" in rescale
+    assert "measured by the job&#x27;s next run" in rescale
+    raw = re.search(r"<details class='raw-json'><summary>raw JSON</summary><pre>(.*?)</pre>", page, flags=re.S)
+    assert json.loads(raw.group(1).replace("&quot;", '"').replace("&#x27;", "'"))
+    assert re.search(r"<time class='ts' datetime='[0-9T:-]+Z' title='[0-9 :-]+ UTC'>", page)
+
+
+def test_the_pipelines_view_lists_every_definition_with_its_tables(client):
+    page = client.get("/pipelines").text
+    sections = dict(re.findall(r"<section class='pipeline' data-pipeline='([^']+)'>(.*?)</section>", page, re.S))
+    assert {"orders", "sensors"} <= set(sections)
+    orders = sections["orders"]
+    for table in ("bronze", "silver", "quarantine", "gold/revenue_5m", "late_events/revenue_5m", "gold/activity",
+                  "late_events/activity"):
+        assert f"<td class=''>{table}</td>" in orders, table
+    assert "ingest_orders" in orders and "backfill_orders" in orders and "late-events?job=orders" in orders
+    assert "gold/activity</b>: per window and session:2m window" in orders
+    api = {p["name"]: p for p in client.get("/api/pipelines").json()}
+    assert set(api["sensors"]["aggregates"]) == {"per_minute"}
+    assert api["orders"]["topics"] == ["orders"]
