@@ -68,6 +68,7 @@ from common import (  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "ingest"  # bench/work/checks belongs to check_bench.py
+SENSORS = HERE.parent / "pipelines" / "sensors.yaml"  # the demo pipeline's records
 LIVE_LABEL = "real-time topic"
 TARGET_WHOLE = 0.5
 TARGET_WARM = 0.8
@@ -144,7 +145,9 @@ def produce_live(topic: str, count: int, partitions: int, value_bytes: int, seed
     from confluent_kafka import Producer
 
     from streamlake.kafka.client import client_config
-    from streamlake.kafka.producer import SensorReadings, ensure_topic
+    from streamlake.kafka.events import DefinitionEvents
+    from streamlake.kafka.producer import ensure_topic
+    from streamlake.pipeline.definition import load_definition
 
     conf = client_config()
     ensure_topic(conf, topic, partitions)
@@ -159,12 +162,13 @@ def produce_live(topic: str, count: int, partitions: int, value_bytes: int, seed
     def run() -> None:
         producer = Producer({"bootstrap.servers": conf["bootstrap.servers"], "linger.ms": 0,
                              "batch.num.messages": 1, "enable.idempotence": True, "acks": "all"})
-        readings = SensorReadings(seed, value_bytes=value_bytes)
+        readings = DefinitionEvents(load_definition(SENSORS), seed, value_bytes=value_bytes)
         while state["sent"] < count:
             if state["sent"] - state["delivered"] - len(state["errors"]) >= 2000:
                 producer.poll(0.01)  # at the broker's pace, no deep local queue
                 continue
-            key, value = readings.next()
+            record = readings.next()
+            key, value = record.key, record.value
             producer.produce(topic, value=value, key=key, partition=state["sent"] % partitions,
                              on_delivery=on_delivery)
             state["sent"] += 1
@@ -583,11 +587,12 @@ def main() -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     steps = 4 if args.live_records else 2
     with private_broker(WORK):
-        from streamlake.kafka.producer import produce_sensor_readings
+        from streamlake.kafka.producer import produce_records
+        from streamlake.pipeline.definition import load_definition
 
         progress(f"1/{steps} producing {args.records:,} records of ~{args.value_bytes} B into {args.partitions} "
                  "partitions (bulk)")
-        produced = produce_sensor_readings("bench", args.records, partitions=args.partitions,
+        produced = produce_records(load_definition(SENSORS), "bench", args.records, partitions=args.partitions,
                                            value_bytes=args.value_bytes, seed=42, progress=False)
         progress(f"2/{steps} bulk-produced topic: ceilings, ingest, audit")
         bulk = measure("bench", args.partitions, produced.bytes, args, args.max_offsets_per_trigger, "bulk")

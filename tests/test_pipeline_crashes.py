@@ -1,10 +1,11 @@
 """SIGKILL the silver or gold stage at its crash points, restart, and find every result unchanged.
 
-Each run is a real `streamlake pipeline run` -> spark-submit process tree; the
-crash is injected with STREAMLAKE_CRASH_AT (see streamlake.faults), which kills
-the whole tree with SIGKILL, like `kill -9`, between or after a stage's commits.
-The results after the restart are compared with a reference run of the same
-topic that was never interrupted.
+Each run is a real `streamlake pipeline run` -> spark-submit process tree of the
+orders example (two gold stages: a tumbling and a session aggregate); the crash is
+injected with STREAMLAKE_CRASH_AT (see streamlake.faults), which kills the whole
+tree with SIGKILL, like `kill -9`, between or after a stage's commits. The
+results after the restart are compared with a reference run of a copy of the
+stream that was never interrupted.
 """
 
 from __future__ import annotations
@@ -17,36 +18,40 @@ from pathlib import Path
 
 import pytest
 
+from helpers import example
 from streamlake.delta.table import read_table
 from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
-from streamlake.pipeline.schemas import GOLD, LATE_EVENTS, QUARANTINE, SILVER
-from streamlake.pipeline.windows import WindowSpec
+from streamlake.pipeline.definition import load_definition
+from streamlake.pipeline.schemas import QUARANTINE, gold_spec, late_spec, silver_spec
 
 pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
-TABLES = ("bronze", "silver", "quarantine", "gold", "late_events")
 
 
-def pipeline(root: Path, topic: str, env: dict | None = None) -> tuple[int, str]:
-    cmd = [STREAMLAKE, "pipeline", "run", "--topic", topic, "--root", str(root), "--available-now",
-           "--master", "local[2]", "--max-offsets-per-trigger", "500", "--allowed-lateness", "5s"]
+def pipeline(root: Path, definition: Path, env: dict | None = None) -> tuple[int, str]:
+    cmd = [STREAMLAKE, "pipeline", "run", "--definition", str(definition), "--root", str(root), "--available-now",
+           "--master", "local[2]", "--max-offsets-per-trigger", "500"]
     done = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
 
 
-def results(spark, root: Path) -> dict:
+def results(spark, root: Path, definition_file: Path) -> dict:
     """Everything the pipeline produced, without the columns that record when it ran or
     from which topic (the reference reads a copy of the stream under another name)."""
-    paths = {t: str(root / t) for t in TABLES}
-    return {
-        "silver": sorted(tuple(r) for r in read_table(spark, paths["silver"], SILVER).select(
-            "event_id", "sensor_id", "event_time", "temperature", "partition", "offset").collect()),
-        "quarantine": sorted(tuple(r) for r in read_table(spark, paths["quarantine"], QUARANTINE).select(
+    d = load_definition(definition_file)
+    out = {
+        "silver": sorted(tuple(r) for r in read_table(spark, str(root / "silver"), silver_spec(d)).select(
+            *d.field_names, "partition", "offset").collect()),
+        "quarantine": sorted(tuple(r) for r in read_table(spark, str(root / "quarantine"), QUARANTINE).select(
             "partition", "offset", "reason").collect()),
-        "gold+late": sorted(tuple(r) for r in read_table(spark, paths["gold"], GOLD).select(
-            "sensor_id", "window_start", "count", "sum_temperature", "min_temperature", "max_temperature").collect()),
-        "late": read_table(spark, paths["late_events"], LATE_EVENTS).count(),
     }
+    for agg in d.aggregates:
+        measures = [m.column for m in agg.measures]
+        out[agg.gold_table] = sorted(tuple(r) for r in read_table(
+            spark, str(root / agg.gold_table), gold_spec(d, agg)).select(
+            *agg.keys, "window_start", "window_end", *measures).collect())
+        out[agg.late_table] = read_table(spark, str(root / agg.late_table), late_spec(d, agg)).count()
+    return out
 
 
 # Every copy of the stream starts its clock here (half an hour ago, on a minute), so
@@ -65,24 +70,27 @@ class FixedClock:
         return self.now
 
 
-def wave(topic: str, clock: FixedClock, seed: int, **mix) -> None:
+def wave(definition: Path, topic: str, clock: FixedClock, seed: int, **mix) -> None:
     """800 records with every kind of defect, produced as a live producer writes them."""
-    from streamlake.kafka.producer import produce_sensor_readings
+    from streamlake.kafka.producer import produce_records
 
-    produce_sensor_readings(topic, 800, partitions=3, seed=seed, progress=False, clock=clock, one_per_batch=True,
-                            out_of_order_seconds=3, malformed_fraction=0.05, duplicate_fraction=0.05, **mix)
+    produce_records(load_definition(definition), topic, 800, partitions=3, seed=seed, progress=False, clock=clock,
+                    one_per_batch=True, out_of_order_seconds=3, malformed_fraction=0.05, duplicate_fraction=0.05,
+                    **mix)
 
 
-def first_wave_then_second(root: Path, topic: str, crash: str | None = None) -> tuple[int, str]:
-    """Wave 1, a clean run (gold gets a watermark), wave 2 with late readings, a second run
+def first_wave_then_second(root: Path, definition: Path, topic: str, crash: str | None = None) -> tuple[int, str]:
+    """Wave 1, a clean run (gold gets watermarks), wave 2 with late orders, a second run
     (SIGKILLed at ``crash`` if given). Returns the second run's exit status and output."""
     clock = FixedClock(T0)
-    wave(topic, clock, 51)
-    code, out = pipeline(root, topic)
+    wave(definition, topic, clock, 51)
+    code, out = pipeline(root, definition)
     assert code == 0, out[-3000:]
-    clock.now += dt.timedelta(minutes=5)  # time passes: wave 2's late readings are behind the watermark
-    wave(topic, clock, 52, late_fraction=0.1)
-    return pipeline(root, topic, env={"STREAMLAKE_CRASH_AT": crash} if crash else None)
+    # Half a minute passes: wave 2's late orders (6 to 20 minutes back) are behind the
+    # watermarks wave 1 left, so even gold's first batch of wave 2 finds them late.
+    clock.now += dt.timedelta(seconds=30)
+    wave(definition, topic, clock, 52, late_fraction=0.1)
+    return pipeline(root, definition, env={"STREAMLAKE_CRASH_AT": crash} if crash else None)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +99,13 @@ def reference(spark, broker, tmp_path_factory):
     import uuid
 
     root = tmp_path_factory.mktemp("pipeline-reference")
-    code, out = first_wave_then_second(root, f"ref-{uuid.uuid4().hex[:8]}")
+    topic = f"ref-{uuid.uuid4().hex[:8]}"
+    definition = example("orders", root, topic, lateness="5s")
+    code, out = first_wave_then_second(root / "lake", definition, topic)
     assert code == 0, out[-3000:]
-    found = results(spark, root)
-    assert found["late"] > 0 and found["quarantine"] and found["gold+late"], "the reference has every kind of row"
+    found = results(spark, root / "lake", definition)
+    assert found["quarantine"] and found["gold/revenue_5m"] and found["gold/activity"], found.keys()
+    assert found["late_events/revenue_5m"] > 0 and found["late_events/activity"] > 0, "late events in both"
     return found
 
 
@@ -112,13 +123,16 @@ def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker,
     import uuid
 
     root, topic = tmp_path / "lake", f"crash-{uuid.uuid4().hex[:8]}"
-    code, out = first_wave_then_second(root, topic, crash=point)
+    definition = example("orders", tmp_path, topic, lateness="5s")
+    code, out = first_wave_then_second(root, definition, topic, crash=point)
     assert code == 128 + 9, f"the job should have been SIGKILLed at {point}:\n{out[-3000:]}"
-    code, out = pipeline(root, topic)
+    code, out = pipeline(root, definition)
     assert code == 0, out[-3000:]
-    assert results(spark, root) == reference
-    paths = {t: str(root / t) for t in TABLES}
-    accounting = account_for_bronze(spark, paths)
+    assert results(spark, root, definition) == reference
+    d = load_definition(definition)
+    paths = {t: str(root / t) for t in d.table_names()}
+    accounting = account_for_bronze(spark, paths, d)
     assert accounting.passed, accounting.summary()
-    report = check_gold(spark, paths, WindowSpec.parse("tumbling:1m"))
-    assert report.passed, report.summary()
+    for aggregate in d.aggregates:
+        report = check_gold(spark, paths, d, aggregate)
+        assert report.passed, report.summary()

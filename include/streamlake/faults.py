@@ -14,8 +14,9 @@ spark-submit process tree. Points:
 
 and in the silver and gold stages, around each of their tables' commits
 (``after_files_<table>``, ``after_commit_<table>`` for ``quarantine``,
-``silver``, ``late_events``; ``after_commit_gold``): ``after_commit_quarantine``
-lands between silver's two commits, ``after_commit_late_events`` between gold's.
+``silver``, ``late_events``; ``after_commit_gold``; for the gold stages, the
+first aggregate to reach the point): ``after_commit_quarantine`` lands between
+silver's two commits, ``after_commit_late_events`` between a gold stage's.
 
 With the variable unset (production) :func:`crash_point` is a dictionary lookup.
 """

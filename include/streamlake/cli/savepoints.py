@@ -33,7 +33,7 @@ def cmd_savepoint(args) -> int:
         result = savepoints.restore_savepoint(args.id)
         print_json(result)
         print(f"restored; start the job again (`streamlake job run {result['job']}` or the "
-              f"streaming_ingest DAG)", file=sys.stderr)
+              f"ingest_{result['job']} DAG)", file=sys.stderr)
     return 0
 
 

@@ -166,6 +166,11 @@ class EventMix:
                 raise InvalidOptionError("malformed reasons must not be empty")
             object.__setattr__(self, "malformed_reasons", tuple(self.malformed_reasons))
 
+    @property
+    def valid_fraction(self) -> float:
+        """The share of on-time valid records: what late, malformed and duplicate leave."""
+        return max(0.0, 1.0 - self.late_fraction - self.malformed_fraction - self.duplicate_fraction)
+
 
 @dataclass(frozen=True)
 class GeneratedRecord:

@@ -159,7 +159,7 @@ def measure_rescale(job_name: str) -> dict:
 
 
 def backfill_range(params: dict, run_type: str, data_interval_start, data_interval_end, run_id: str) -> dict:
-    """The event-time range a ``backfill_late_data`` run restates.
+    """The event-time range a ``backfill_<pipeline>`` run restates.
 
     A manual run (the trigger form) takes the form's range, or every pending late
     event when "all pending" is ticked or no range is given; a scheduled run or one

@@ -207,7 +207,8 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
         attempt_id = uuid.uuid4().hex
         files = write_attempt_files(plan.rows(rows, version_column), path, attempt_id, spec.file_schema.names,
                                     stats_columns, partition_by=spec.partition_by)
-        crash_point(f"after_files_{spec.name}", batch.batch_id)
+        kind = spec.name.split("/")[0]  # late_events/<aggregate>: the crash point of any aggregate's
+        crash_point(f"after_files_{kind}", batch.batch_id)
         records = sum(f.num_records for f in files)
         properties = CommitProperties(
             app_transactions=stage_transactions(source, batch, extra_txns),
@@ -224,7 +225,7 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
             time.sleep(0.05 * attempt)
             continue
         version = committed_version(path, table.version(), attempt_id)
-        crash_point(f"after_commit_{spec.name}", batch.batch_id)
+        crash_point(f"after_commit_{kind}", batch.batch_id)
         log.info("%s batch %d: %s version %d: %d rows in %d files (%s -> %s)", stage, batch.batch_id,
                  spec.name, version, records, len(files), batch.start or "beginning", batch.end)
         return Appended(version, records, len(files))
