@@ -37,7 +37,7 @@ from streamlake.pipeline.bronze import BRONZE
 
 def job_for(lake, topic):
     """What a check needs of a job: its name, table, topics and Kafka options."""
-    return SimpleNamespace(name=f"job-{topic}", table=lake["table"], topics=[topic], kafka={})
+    return SimpleNamespace(name=f"job-{topic}", table=lake["table"], topics=[topic], source_topics=[topic], kafka={})
 
 
 def committed(lake, topic, partitions=3):
@@ -301,7 +301,8 @@ def test_results_table_of_an_older_version_is_migrated(broker, tmp_path, monkeyp
 
     table = str(tmp_path / "empty-bronze")
     DeltaTable.create(table, BRONZE.schema, partition_by=["ingest_date"])
-    result = check_consistency(SimpleNamespace(name="j", table=table, topics=[topic_name], kafka={}), "migrate")
+    result = check_consistency(SimpleNamespace(name="j", table=table, topics=[topic_name],
+                                                      source_topics=[topic_name], kafka={}), "migrate")
     assert result.passed, result.summary
     rows = {r["check_id"]: r for r in recent_checks(10, "j")}
     assert rows["chk-old"]["mode"] is None and rows["chk-old"]["verdict"] == "PASS"

@@ -9,8 +9,7 @@ reason, the bronze table of a job), a consistency check and a savepoint, then:
 * with plain HTTP and no login, every StreamLake page and API answers 401 (or
   redirects to the login), and 401/403 with a forged cookie or bearer token; a
   token from ``POST /auth/token`` opens them;
-* headless Chromium (Debian's ``chromium``, driven by Playwright with
-  ``executable_path``: no browser download) logs in through Airflow's login
+* headless Chromium (tests/browser.py) logs in through Airflow's login
   page, opens Data quality (inside Airflow's UI and on its own), a Data Docs page
   from its link, Savepoints and Consistency checks, and checks what they show.
 
@@ -24,37 +23,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from streamlake.quality import samples
+import quality_samples as samples
+from browser import chromium, keep_screenshots, launch, log_in, only_local
+from conftest import sensors_definition
 from streamlake.quality.validate import validate_table
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_PATHS = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
-# Debian's chromium runs headless here only with these (see shared/DESIGN.md).
-CHROMIUM_FLAGS = ["--no-sandbox", "--no-zygote", "--disable-crash-reporter", "--disable-breakpad", "--disable-gpu"]
-INSTALL_HINT = ("install Debian's chromium: `bash scripts/setup.sh` does it (CI runs it), or "
-                "`sudo apt-get update && sudo apt-get install -y chromium`")
-CONTEXT = {"dag_id": "streaming_ingest", "run_id": "scheduled__2026-11-22T03:00:00+00:00", "task_id": "quality"}
+CONTEXT = {"dag_id": "ingest_sensors", "run_id": "scheduled__2026-11-22T03:00:00+00:00", "task_id": "quality"}
 STREAMLAKE_URLS = ("/streamlake/quality", "/streamlake/quality/docs/index.html", "/streamlake/quality/docs/x.html",
                    "/streamlake/api/quality", "/streamlake/api/quality/validations", "/streamlake/savepoints",
                    "/streamlake/checks", "/streamlake/operations", "/streamlake/api/checks",
-                   "/streamlake/api/savepoints")
-
-
-def chromium() -> str:
-    for path in CHROMIUM_PATHS:
-        if os.access(path, os.X_OK):
-            return path
-    pytest.fail(f"headless Chromium is required for the UI test and was not found at "
-                f"{' or '.join(CHROMIUM_PATHS)}: {INSTALL_HINT}", pytrace=False)
+                   "/streamlake/api/savepoints", "/streamlake/pipelines", "/streamlake/late-events")
 
 
 def _free_port() -> int:
@@ -69,23 +55,12 @@ def artifacts_dir() -> Path:
     return path
 
 
-def keep_artifacts() -> list[Path]:
-    """Copy the session's screenshots to tests/artifacts/ (the session directory is deleted on success)."""
-    target = ROOT / "tests" / "artifacts"
-    target.mkdir(exist_ok=True)
-    kept = []
-    for shot in sorted(artifacts_dir().glob("*.png")):
-        shutil.copy2(shot, target / shot.name)
-        kept.append(target / shot.name)
-    return kept
-
-
 @pytest.fixture(scope="module")
 def airflow_ui(broker):
     chromium()  # fail early, before a minute of Airflow start-up
     from streamlake.platform import airflow
 
-    # The scheduler must not start streaming_ingest's scheduled runs (spark-submit jobs) meanwhile.
+    # The scheduler must not start the ingest DAGs' scheduled runs (spark-submit jobs) meanwhile.
     key = "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"
     saved = os.environ.get(key)
     os.environ[key] = "False"
@@ -142,29 +117,32 @@ def test_streamlake_pages_need_a_login(airflow_ui):
 
 
 def _record_content(spark, produce, topic_name, tmp_path) -> dict:
-    """Quality results, a consistency check and a savepoint for the views to show."""
+    """Quality results of the demo pipeline's tables (a failing silver, a clean gold, a quarantine
+    with an unknown reason), a consistency check and a savepoint for the views to show."""
     from streamlake.operations.consistency import check_consistency
     from streamlake.operations.jobs import JobSpec, save_job
     from streamlake.operations.savepoints import create_savepoint
 
+    d = sensors_definition()
     lake = tmp_path / "lake"
     silver = str(lake / "silver")
-    v1 = samples.write_rows(silver, "silver", samples.clean_rows("silver", 6))
-    validate_table(spark, "silver", silver, 0, v1, operation="ingest", context=CONTEXT)
-    bad = samples.clean_rows("silver", 4, start=100)
+    v1 = samples.write_rows(silver, d, "silver", samples.clean_rows(d, "silver", 6))
+    validate_table(spark, "silver", silver, 0, v1, definition=d, operation="ingest", context=CONTEXT)
+    bad = samples.clean_rows(d, "silver", 4, start=100)
     bad[0]["sensor_id"] = None
     bad[1]["temperature"] = 99.5
     bad[2]["event_id"] = bad[3]["event_id"]
-    v2 = samples.write_rows(silver, "silver", bad)
-    failing = validate_table(spark, "silver", silver, v1, v2, operation="restore", context=CONTEXT)
-    gold = str(lake / "gold")
-    validate_table(spark, "gold", gold, None, samples.write_rows(gold, "gold", samples.clean_rows("gold", 5)),
-                   operation="backfill", context={**CONTEXT, "dag_id": "backfill"})
+    v2 = samples.write_rows(silver, d, "silver", bad)
+    failing = validate_table(spark, "silver", silver, v1, v2, definition=d, operation="restore", context=CONTEXT)
+    gold = str(lake / "gold" / "per_minute")
+    validate_table(spark, "gold/per_minute", gold, None,
+                   samples.write_rows(gold, d, "gold/per_minute", samples.clean_rows(d, "gold/per_minute", 5)),
+                   definition=d, operation="backfill", context={**CONTEXT, "dag_id": "backfill_sensors"})
     quarantine = str(lake / "quarantine")
-    q_rows = samples.clean_rows("quarantine", 3)
+    q_rows = samples.clean_rows(d, "quarantine", 3)
     q_rows[0]["reason"] = "cosmic_ray"
-    validate_table(spark, "quarantine", quarantine, None, samples.write_rows(quarantine, "quarantine", q_rows),
-                   operation="ingest", context=CONTEXT)
+    validate_table(spark, "quarantine", quarantine, None, samples.write_rows(quarantine, d, "quarantine", q_rows),
+                   definition=d, operation="ingest", context=CONTEXT)
 
     produce(topic_name, 30, partitions=2)
     job = save_job(JobSpec(name=f"ui-{topic_name}", topics=[topic_name], root=str(tmp_path / "job"),
@@ -184,34 +162,19 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
     base = airflow_ui["url"]
     shots = artifacts_dir()
 
-    def local_only(route):
-        # Data Docs pull styles from public CDNs: no internet here, so do not wait for them.
-        if route.request.url.startswith(base) or route.request.url.startswith(("data:", "blob:")):
-            route.continue_()
-        else:
-            route.abort()
-
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
+        browser = launch(pw)
         try:
             page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
             page.set_default_timeout(60_000)
-            page.route("**/*", local_only)
-
-            # log in through Airflow's login page
-            page.goto(base + "/")
-            page.wait_for_selector("input[name=username]")
-            assert "login" in page.url
-            page.fill("input[name=username]", airflow_ui["user"])
-            page.fill("input[name=password]", airflow_ui["password"])
-            page.screenshot(path=str(shots / "01-login.png"))
-            page.locator("button[type=submit]").click()
-            page.wait_for_url(lambda url: "login" not in url)
+            page.route("**/*", only_local(base))
+            log_in(page, base, airflow_ui["user"], airflow_ui["password"], screenshot=shots / "01-login.png")
 
             # Plugins -> StreamLake holds the views
             page.get_by_role("button", name="Plugins").click()
             page.get_by_role("menuitem", name="StreamLake").click()
-            for name in ("Savepoints", "Consistency checks", "Operations", "Data quality"):
+            for name in ("Pipelines", "Savepoints", "Consistency checks", "Operations", "Late events",
+                         "Data quality"):
                 expect(page.get_by_role("menuitem", name=name)).to_be_visible()
             page.screenshot(path=str(shots / "02-streamlake-menu.png"))
             page.get_by_role("menuitem", name="Data quality").click()
@@ -228,13 +191,13 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             failing_rows = section.locator("tr.failing")
             keys = {failing_rows.nth(i).get_attribute("data-key"): failing_rows.nth(i).get_attribute("data-severity")
                     for i in range(failing_rows.count())}
-            assert keys == {"not_null:sensor_id": "critical", "temperature_in_range": "critical",
+            assert keys == {"not_null:sensor_id": "critical", "rule:out_of_range": "critical",
                             "event_id_unique": "critical"}
             first_row = section.locator("table.expectations tbody tr").first
             assert first_row.get_attribute("class") == "failing"
             expect(section.locator("h2")).to_contain_text("FAIL")
             expect(section.locator("a.run-link")).to_have_attribute(
-                "href", "/dags/streaming_ingest/runs/scheduled__2026-11-22T03%3A00%3A00%2B00%3A00")
+                "href", "/dags/ingest_sensors/runs/scheduled__2026-11-22T03%3A00%3A00%2B00%3A00")
             summary = page.locator("table").first.locator("tbody tr")
             statuses = summary.locator("td:nth-child(1)").all_inner_texts()
             tables = summary.locator("td:nth-child(2)").all_inner_texts()
@@ -242,19 +205,20 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             assert statuses and set(statuses) <= set(rank), statuses
             assert [rank[s] for s in statuses] == sorted(rank[s] for s in statuses), f"failing first: {statuses}"
             # what this test recorded (other tests of the session may have validated more tables)
-            assert {"silver", "gold", "quarantine", "bronze"} <= set(tables), tables
+            assert {"silver", "gold/per_minute", "quarantine", "bronze"} <= set(tables), tables
             assert statuses[tables.index("silver")] == "FAIL"
-            for table in ("silver", "gold", "quarantine", "bronze"):
-                expect(page.locator(f"#trend-{table} svg")).to_be_visible()
+            for suite in ("streamlake-sensors-silver", "streamlake-sensors-gold-per_minute",
+                          "streamlake-sensors-quarantine"):
+                expect(page.locator(f"#trend-{suite} svg")).to_be_visible()
             expect(page.locator("[data-table=quarantine] tr.failing[data-key=reason_known]")).to_be_visible()
             page.screenshot(path=str(shots / "04-data-quality.png"), full_page=True)
 
             # its Data Docs page, served by the plugin behind the login
             section.locator("a.docs-link").first.click()
             page.wait_for_url(re.compile(r".*/streamlake/quality/docs/validations/.*\.html"))
-            expect(page.get_by_text("streamlake.silver").first).to_be_visible()
+            expect(page.get_by_text("streamlake.sensors.silver").first).to_be_visible()
             body = page.content()
-            for key in ("not_null:sensor_id [critical]", "temperature_in_range [critical]",
+            for key in ("not_null:sensor_id [critical]", "rule:out_of_range [critical]",
                         "event_id_unique [critical]"):
                 assert key in body
             assert "Failed" in body
@@ -266,12 +230,13 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
                 == '"\u2717"'
             # the index is served (GX draws its lists with scripts from CDNs) and the suite pages are static
             response = page.goto(base + "/streamlake/quality/docs/index.html")
-            assert response.status == 200 and "expectations/streamlake/gold.html" in page.content()
+            assert response.status == 200 and "expectations/streamlake/sensors/gold/per_minute.html" in page.content()
             page.goto(base + "/streamlake/quality")
-            page.locator("[data-table=gold] h2 a.suite-link").click()
-            page.wait_for_url(re.compile(r".*/streamlake/quality/docs/expectations/streamlake/gold\.html"))
+            page.locator("[data-table='gold/per_minute'] h2 a.suite-link").click()
+            page.wait_for_url(re.compile(r".*/streamlake/quality/docs/expectations/streamlake/sensors/gold/"
+                                         r"per_minute\.html"))
             expect(page.get_by_text("window_end_after_start [critical]")).to_be_visible()
-            expect(page.get_by_text("min_temperature_in_range [warning]")).to_be_visible()
+            expect(page.get_by_text("avg_not_below_min:temperature [critical]")).to_be_visible()
             page.screenshot(path=str(shots / "06-data-docs-suite.png"), full_page=True)
 
             # Savepoints and Consistency checks
@@ -284,8 +249,11 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             expect(page.locator("h1")).to_have_text("Consistency checks")
             row = page.locator("tr", has_text=content["job"].name).first
             expect(row).to_contain_text("savepoint")
+            expect(row.locator("td.check-name")).to_have_text("Kafka audit")
+            expect(row.locator("td.check-covered")).to_contain_text(
+                f"bronze v{content['check'].report.delta_version} against {topic_name}")
             expect(row).to_contain_text("PASS" if content["check"].passed else "FAIL")
-            expect(row).to_contain_text("streaming_ingest")
+            expect(row).to_contain_text("ingest_sensors")
             page.screenshot(path=str(shots / "08-consistency-checks.png"), full_page=True)
 
             # the Data Docs route refuses paths outside its folder, even logged in
@@ -293,5 +261,5 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             assert status == 404
         finally:
             browser.close()
-            kept = keep_artifacts()
+            kept = keep_screenshots(shots)
     assert len(kept) >= 8, kept

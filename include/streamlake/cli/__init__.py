@@ -1,17 +1,18 @@
 """``streamlake``: the platform's command line, one module per command group.
 
     streamlake kafka start|stop|status     embedded Kafka-protocol broker       (cli/kafka.py)
-    streamlake produce --topic T --count N demo sensor readings                 (cli/kafka.py)
+    streamlake produce --definition F --count N   labelled records of a pipeline  (cli/kafka.py)
     streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
     streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)
     streamlake vacuum --table D            delete files of aborted commit attempts (cli/ingest.py)
-    streamlake pipeline run --topic T --root DIR [--available-now | --processing-time S] [--window ...]
-                                           bronze -> silver -> gold                (cli/pipeline.py)
-    streamlake backfill --job NAME | --root DIR [--from T1 --to T2] [--dry-run]
+    streamlake pipeline validate F         what a definition makes, or exit 2      (cli/pipeline.py)
+    streamlake pipeline run --definition F --root DIR [--available-now | --processing-time S]
+                                           bronze -> silver -> gold per aggregate  (cli/pipeline.py)
+    streamlake backfill --job NAME | --root DIR [--aggregate A] [--from T1 --to T2] [--dry-run]
                                            apply late events to gold, prove it     (cli/backfill.py)
     streamlake job list|show|define|status|run|stop NAME                         (cli/jobs.py)
     streamlake savepoint create|list|show|dispose|restore                       (cli/savepoints.py)
-    streamlake check --job NAME            consistency check (recorded); --list  (cli/checks.py)
+    streamlake check --job NAME | --root DIR   consistency checks (recorded); --list (cli/checks.py)
     streamlake quality run --table T [--job NAME | --root DIR | --path P] [--from-version V] [--to-version W] | show
                                            Great Expectations validation, recorded (cli/quality.py)
     streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1

@@ -220,9 +220,9 @@ class PipelineDefinition:
             lines.append(f"    rule {rule.name}: {rule.check}")
         lines.append("  tables: " + ", ".join(self.table_names()))
         for agg in self.aggregates:
-            keys = ", ".join(agg.keys) or "no keys"
+            per = f"per {', '.join(agg.keys)} and" if agg.keys else "all events, per"
             measures = ", ".join(f"{m.column} = {m.expression}" for m in agg.measures)
-            lines.append(f"    gold/{agg.name}: per {keys} and {agg.window} window (allowed lateness "
+            lines.append(f"    gold/{agg.name}: {per} {agg.window} window (allowed lateness "
                          f"{format_lateness(agg.allowed_lateness_ms)}): {measures}")
         return "\n".join(lines)
 

@@ -1,0 +1,93 @@
+"""Headless Chromium driven by Playwright, the way a user drives Airflow's UI.
+
+Debian's ``chromium`` (``scripts/setup.sh`` installs it; Playwright downloads no
+browser here) with the flags it needs to run headless on this machine (see
+shared/DESIGN.md). :func:`log_in` goes through Airflow's own login page;
+:func:`trigger_from_form` opens a DAG's Trigger dialog, types only the fields it
+is given and clicks Trigger, and returns the run id Airflow navigated to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_PATHS = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--no-zygote", "--disable-crash-reporter", "--disable-breakpad", "--disable-gpu"]
+INSTALL_HINT = ("install Debian's chromium: `bash scripts/setup.sh` does it (CI runs it), or "
+                "`sudo apt-get update && sudo apt-get install -y chromium`")
+
+
+def chromium() -> str:
+    for path in CHROMIUM_PATHS:
+        if os.access(path, os.X_OK):
+            return path
+    pytest.fail(f"headless Chromium is required for the UI tests and was not found at "
+                f"{' or '.join(CHROMIUM_PATHS)}: {INSTALL_HINT}", pytrace=False)
+
+
+def launch(pw):
+    return pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
+
+
+def only_local(base: str):
+    """A route handler that lets the page load from Airflow only (Data Docs pull styles
+    from public CDNs: no internet here, so the page must not wait for them)."""
+
+    def handler(route):
+        if route.request.url.startswith(base) or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            route.abort()
+
+    return handler
+
+
+def log_in(page, base: str, user: str, password: str, screenshot: Path | None = None) -> None:
+    page.goto(base + "/")
+    page.wait_for_selector("input[name=username]")
+    assert "login" in page.url
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password)
+    if screenshot:
+        page.screenshot(path=str(screenshot))
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(lambda url: "login" not in url)
+
+
+def trigger_from_form(page, base: str, dag_id: str, fields: dict[str, str] | None = None,
+                      screenshot: Path | None = None) -> str:
+    """Open ``dag_id``'s page, click Trigger, type ``fields`` (param name -> text; nothing
+    else is touched), click the dialog's Trigger and return the new run's id (Airflow
+    opens the run's page). Fails if the dialog's Trigger button is disabled."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{base}/dags/{dag_id}")
+    page.get_by_role("button", name=re.compile("^Trigger")).first.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"Trigger Dag - {dag_id}")
+    for name, text in (fields or {}).items():
+        dialog.locator(f"#element_{name}").fill(text)
+    submit = dialog.get_by_role("button", name=re.compile("^Trigger")).last
+    if screenshot:
+        page.screenshot(path=str(screenshot))
+    expect(submit).to_be_enabled(timeout=10_000)
+    submit.click()
+    page.wait_for_url(re.compile(rf".*/dags/{re.escape(dag_id)}/runs/.+"), timeout=60_000)
+    return unquote(page.url.split("/runs/", 1)[1].split("?")[0].split("/")[0])
+
+
+def keep_screenshots(source: Path, target: Path = ROOT / "tests" / "artifacts") -> list[Path]:
+    """Copy screenshots to tests/artifacts/ (a passing session's directory is deleted)."""
+    target.mkdir(exist_ok=True)
+    kept = []
+    for shot in sorted(source.glob("*.png")):
+        shutil.copy2(shot, target / shot.name)
+        kept.append(target / shot.name)
+    return kept
