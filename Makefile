@@ -21,9 +21,10 @@ PYTEST_WORKERS ?= 0
 test: setup
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
-# Unit tests and quick integration only (skips the spark-submit crash/race scenarios).
+# Before every commit (about 3 minutes): unit tests, definitions, DAGs and forms, views, CLI,
+# the generator, one small end-to-end run of the demo pipeline (the list: tests/conftest.py).
 test-fast: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow"
+	$(BIN)/pytest -m fast --durations=10
 
 run: setup
 	$(BIN)/streamlake platform

@@ -280,6 +280,26 @@ def lake(tmp_path):
     return {"table": str(tmp_path / "bronze"), "checkpoint": str(tmp_path / "checkpoint")}
 
 
+# `make test-fast` (-m fast): the checks that catch the common regressions in about three
+# minutes, for before every commit: unit tests, definitions, DAG import and forms, the views'
+# HTML, the CLI, the generator, and one small end-to-end run of the demo pipeline (produced
+# while it runs, with late, duplicated and malformed records, compared with the tests' own
+# oracle). `make test` runs these and everything else.
+FAST_FILES = {"test_audit_compare.py", "test_broker_state.py", "test_checkpoint.py", "test_cli_args.py",
+              "test_compose.py", "test_dags.py", "test_definitions.py", "test_events.py", "test_logs.py",
+              "test_offsets.py", "test_sink_plan.py", "test_supervisor.py", "test_views.py"}
+FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_records_with_their_labelled_reasons"
+              "[sensors]",
+              "test_pipelines.py::test_silver_holds_each_valid_event_once_with_its_typed_values[sensors]",
+              "test_pipelines.py::test_late_events_are_kept_not_dropped[sensors]")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in FAST_FILES or item.nodeid.endswith(FAST_TESTS):
+            item.add_marker(pytest.mark.fast)
+
+
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 
@@ -300,10 +320,12 @@ def live_platform():
     """The platform as `make run` starts it (broker, demo producer, Spark cluster, Airflow
     standalone), in a directory of its own on free ports; stopped after the module that uses
     it (it keeps both cores busy: the tests after it must not share them with it). Shared by
-    that module's tests, which use the running platform like a user (REST API)."""
+    that module's tests, which use the running platform like a user (a browser, REST API).
+    Its pipelines are scheduled every 30 minutes instead of 5: the first scheduled runs start
+    at once, and the operations the tests trigger do not queue behind more of them."""
     from platform_harness import start_platform
 
-    platform = start_platform(_SESSION_HOME / "platform")
+    platform = start_platform(_SESSION_HOME / "platform", rate=50, every_minutes=30)
     try:
         yield platform
     finally:

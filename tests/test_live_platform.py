@@ -99,8 +99,10 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     succeeded(rest, "restore", restore)
     succeeded(rest, "ingest_sensors", f"restored__{restore}", RESUMED_RUN_TIMEOUT_S)
     operations = rest.call("GET", "/streamlake/api/operations?job=sensors&limit=100")[1]
-    restored = [o for o in operations if o["operation"] == "restore"]
-    assert restored and NOTE in json.dumps(restored[0]), "the default restores the newest savepoint"
+    restored = [json.loads(o["details"]) for o in operations if o["operation"] == "restore"]
+    noted_id = next(s["id"] for s in rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1]
+                    if s["note"] == NOTE)
+    assert restored and restored[0]["savepoint"] == noted_id, "the default restores the newest savepoint"
     rescale = trigger_from_form(page, base, "rescale", screenshot=shot("06-rescale-form"))
     succeeded(rest, "rescale", rescale)
     succeeded(rest, "ingest_sensors", f"rescaled__{rescale}", RESUMED_RUN_TIMEOUT_S)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import sensors_definition
 from deltalake import DeltaTable
 
 import quality_samples as samples
@@ -155,6 +156,15 @@ def test_validate_table_records_results_and_data_docs(spark, tmp_path):
     index = (docs.data_docs_dir() / "index.html").read_text()
     assert "expectations/streamlake/orders/silver.html" in index
     assert (docs.data_docs_dir() / docs.suite_page("streamlake.orders.gold.revenue_5m")).is_file()
+    # A validation of another pipeline's table (here the demo's) rebuilds the docs and keeps
+    # every other pipeline's suite pages (GX deletes pages of suites its context lacks).
+    sensors = sensors_definition()
+    other = str(tmp_path / "sensors-silver")
+    validate_table(spark, "silver", other, None, samples.write_rows(other, sensors, "silver",
+                                                                    samples.clean_rows(sensors, "silver", 3)),
+                   definition=sensors, operation="ingest", context=CONTEXT)
+    for suite in ("streamlake.orders.silver", "streamlake.orders.gold.revenue_5m", "streamlake.sensors.silver"):
+        assert (docs.data_docs_dir() / docs.suite_page(suite)).is_file(), suite
 
 
 def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):

@@ -191,8 +191,9 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             failing_rows = section.locator("tr.failing")
             keys = {failing_rows.nth(i).get_attribute("data-key"): failing_rows.nth(i).get_attribute("data-severity")
                     for i in range(failing_rows.count())}
-            assert keys == {"not_null:sensor_id": "critical", "rule:out_of_range": "critical",
-                            "event_id_unique": "critical"}
+            # the null sensor_id also breaks empty_field (a rule that is null for a row fails it)
+            assert keys == {"not_null:sensor_id": "critical", "rule:empty_field": "critical",
+                            "rule:out_of_range": "critical", "event_id_unique": "critical"}
             first_row = section.locator("table.expectations tbody tr").first
             assert first_row.get_attribute("class") == "failing"
             expect(section.locator("h2")).to_contain_text("FAIL")
@@ -218,14 +219,14 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             page.wait_for_url(re.compile(r".*/streamlake/quality/docs/validations/.*\.html"))
             expect(page.get_by_text("streamlake.sensors.silver").first).to_be_visible()
             body = page.content()
-            for key in ("not_null:sensor_id [critical]", "rule:out_of_range [critical]",
-                        "event_id_unique [critical]"):
+            for key in ("not_null:sensor_id [critical]", "rule:empty_field [critical]",
+                        "rule:out_of_range [critical]", "event_id_unique [critical]"):
                 assert key in body
             assert "Failed" in body
             page.screenshot(path=str(shots / "05-data-docs-validation.png"), full_page=True)
             # offline, the pages stay legible: a cross marks each failing expectation
             crosses = page.locator("i.fa-times.text-danger")
-            assert crosses.count() == 1 + 3  # the page's status, and one per failing expectation
+            assert crosses.count() == 1 + 4  # the page's status, and one per failing expectation
             assert page.evaluate("getComputedStyle(document.querySelector('i.fa-times'), '::before').content") \
                 == '"\u2717"'
             # the index is served (GX draws its lists with scripts from CDNs) and the suite pages are static

@@ -61,11 +61,13 @@ def site_config() -> dict:
     }
 
 
-def gx_context(definitions=None):
+def gx_context(definitions=()):
     """An ephemeral GX context: in-memory suites, file-backed validation results, the
-    Data Docs site, a Spark data source; with the suites of every table of
-    ``definitions`` registered (default: every definition in the pipelines directory),
-    so the Data Docs index lists them all."""
+    Data Docs site, a Spark data source; with the suites of every table of every known
+    pipeline registered (:func:`known_definitions`, ``definitions`` in place of those of the
+    same name). Every suite must be registered: GX's index builder deletes the pages of
+    suites its context does not hold, so a context with one pipeline's suites would remove
+    every other pipeline's suite pages whenever it rebuilt the docs."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
@@ -82,15 +84,30 @@ def gx_context(definitions=None):
     context.add_data_docs_site(SITE, site_config())
     from streamlake.quality.suites import build_suite, pipeline_suites
 
-    if definitions is None:
-        from streamlake.operations.jobs import definition_files
-        from streamlake.pipeline.definition import load_definition
-
-        definitions = [load_definition(path) for path in definition_files().values()]
-    for definition in definitions:
+    replace_suite(context, build_suite("bronze"))  # jobs without a definition
+    for definition in {**known_definitions(), **{d.name: d for d in definitions}}.values():
         for table in pipeline_suites(definition):
             replace_suite(context, build_suite(table, definition))
     return context
+
+
+def known_definitions() -> dict:
+    """Every pipeline's definition by name: the pipelines directory's, and the applied
+    definition of every job (a job whose root is gone or unreadable is skipped)."""
+    from streamlake.operations.jobs import definition_files, jobs_dir, load_job
+    from streamlake.pipeline.definition import load_definition
+
+    found = {}
+    for name in sorted(p.stem for p in jobs_dir().glob("*.json")):
+        with contextlib.suppress(Exception):
+            definition = load_job(name).definition
+            if definition is not None:
+                found[definition.name] = definition
+    for path in definition_files().values():
+        with contextlib.suppress(Exception):
+            definition = load_definition(path)
+            found.setdefault(definition.name, definition)
+    return found
 
 
 def batch_definition(context, table: str):

@@ -276,7 +276,7 @@ def _validate_persisted(df, table: str, spec, definition, *, operation: str, pat
                         has_rows=rows > 0)
     by_key = {c.key: c for c in checks}
 
-    ctx = gx_context or docs.gx_context([definition] if definition is not None else [])
+    ctx = gx_context or docs.gx_context([definition] if definition is not None else ())
     suite = docs.replace_suite(ctx, build_suite(table, definition, checks))
     batch_definition = docs.batch_definition(ctx, spec.name)
     definition = gx.ValidationDefinition(name=f"{validation_id}", data=batch_definition, suite=suite)
@@ -418,7 +418,7 @@ def validate_operation(job_tables: Mapping[str, str], ranges: Mapping[str, tuple
             from streamlake.spark.session import get_spark
 
             spark = get_spark("streamlake-quality", master="local[1]", conf={"spark.ui.enabled": "false"})
-        ctx = ctx or docs.gx_context([definition] if definition is not None else [])
+        ctx = ctx or docs.gx_context([definition] if definition is not None else ())
         reports.append(validate_table(spark, table, path, rng[0], rng[1], definition=definition,
                                       operation=operation, context=context,
                                       job_running=job_running, max_age_s=max_age_s, run_id=run_id,
