@@ -5,8 +5,9 @@ Every definition in the pipelines directory (`pipelines/*.yaml`, or
 `$STREAMLAKE_PIPELINES`) is scheduled and operable: `ingest_<name>` runs its
 stages every few minutes (or continuously) and proves the result;
 `backfill_<name>` applies its late events to gold, hourly, by hand or through
-Airflow's Backfill. Add a definition file and its DAGs appear at the next parse;
-`streamlake pipeline validate FILE` says what is wrong with one that does not.
+Airflow's Backfill. Add a definition file and its DAGs appear at the next parse.
+A file that does not load gets no DAGs (the others are unaffected): *StreamLake →
+Pipelines* lists it with what is wrong, as `streamlake pipeline validate FILE` does.
 The DAGs are built by `streamlake.orchestration.pipeline_dags`; savepoint,
 restore and rescale are shared DAGs with the pipeline as a drop-down.
 """

@@ -693,8 +693,9 @@ def api_pipelines() -> list[dict]:
 
 @app.get("/pipelines", response_class=HTMLResponse)
 def pipelines(request: Request) -> HTMLResponse:
-    """Every pipeline: its definition, tables, pending late events, latest checks and quality."""
-    from streamlake.operations.jobs import list_jobs
+    """Every pipeline: its definition, tables, pending late events, latest checks and quality;
+    then the definition files that do not load, with why."""
+    from streamlake.operations.jobs import definition_errors, list_jobs
     from streamlake.orchestration.pipeline_dags import backfill_dag_id, ingest_dag_id
 
     base = _airflow_base(request)
@@ -731,6 +732,12 @@ def pipelines(request: Request) -> HTMLResponse:
             + "</section>")
     if not names:
         body.append("<p class='muted'>No pipelines: add a definition to pipelines/.</p>")
+    broken = definition_errors()
+    if broken:
+        rows = [[_td(path.name), _td(message, "FAIL")] for path, message in broken.items()]
+        body.append("<section class='definition-errors'><h2>Definitions that do not load</h2><p class='muted'>"
+                    "These files get no DAGs until they are fixed (<code>streamlake pipeline validate FILE</code>)."
+                    "</p>" + _table(["file", "what is wrong"], rows, "") + "</section>")
     return _page("Pipelines", "".join(body))
 
 

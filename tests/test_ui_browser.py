@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 import quality_samples as samples
 from browser import chromium, keep_screenshots, launch, log_in, only_local
 from conftest import sensors_definition
+from platform_harness import free_port
 from streamlake.quality.validate import validate_table
 
 pytestmark = pytest.mark.slow
@@ -41,12 +41,6 @@ STREAMLAKE_URLS = ("/streamlake/quality", "/streamlake/quality/docs/index.html",
                    "/streamlake/api/quality", "/streamlake/api/quality/validations", "/streamlake/savepoints",
                    "/streamlake/checks", "/streamlake/operations", "/streamlake/api/checks",
                    "/streamlake/api/savepoints", "/streamlake/pipelines", "/streamlake/late-events")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def artifacts_dir() -> Path:
@@ -65,7 +59,7 @@ def airflow_ui(broker):
     saved = os.environ.get(key)
     os.environ[key] = "False"
     try:
-        info = airflow.start(_free_port(), timeout_s=420)
+        info = airflow.start(free_port(), timeout_s=420)
         assert info["password"], "Airflow generated no admin password"
         yield info
     finally:

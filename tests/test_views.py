@@ -112,3 +112,22 @@ def test_the_pipelines_view_lists_every_definition_with_its_tables(client):
     api = {p["name"]: p for p in client.get("/api/pipelines").json()}
     assert set(api["sensors"]["aggregates"]) == {"per_minute"}
     assert api["orders"]["topics"] == ["orders"]
+
+
+def test_a_definition_that_does_not_load_is_listed_with_why_and_the_others_stay(client, tmp_path, monkeypatch):
+    import shutil
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    for name in ("sensors.yaml", "orders.yaml"):
+        shutil.copy(ROOT / "pipelines" / name, tmp_path / name)
+    (tmp_path / "typo.yaml").write_text((ROOT / "pipelines" / "orders.yaml").read_text()
+                                        .replace("name: orders", "name: typo").replace("decimal(12,2)", "decimal(12"))
+    monkeypatch.setenv("STREAMLAKE_PIPELINES", str(tmp_path))
+    page = client.get("/pipelines").text
+    errors = re.search(r"<section class='definition-errors'>(.*?)</section>", page, re.S)
+    assert errors and "typo.yaml" in errors.group(1) and "schema.amount" in errors.group(1), page[-2000:]
+    assert "data-pipeline='orders'" in page and "data-pipeline='sensors'" in page
+    dags = DagBag(dag_folder=str(ROOT / "dags"))
+    assert not dags.import_errors and {"ingest_orders", "ingest_sensors"} <= set(dags.dag_ids)
+    assert not any("typo" in d for d in dags.dag_ids)

@@ -230,22 +230,35 @@ def pipelines_dir() -> Path:
 
 def definition_files() -> dict[str, Path]:
     """Pipeline name -> definition file, for every definition in :func:`pipelines_dir`
-    (a file that does not load is logged and left out; ``pipeline validate`` says why)."""
+    that loads (the others: :func:`definition_errors`)."""
+    return _scan_definitions()[0]
+
+
+def definition_errors() -> dict[Path, str]:
+    """Definition files of :func:`pipelines_dir` that do not load (or repeat a name), with
+    why: they get no DAGs, and the Pipelines view lists them."""
+    return _scan_definitions()[1]
+
+
+def _scan_definitions() -> tuple[dict[str, Path], dict[Path, str]]:
     from streamlake.pipeline.definition import DefinitionError, load_definition
 
-    out: dict[str, Path] = {}
+    found: dict[str, Path] = {}
+    errors: dict[Path, str] = {}
     directory = pipelines_dir()
     for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
         try:
             name = load_definition(path).name
         except DefinitionError as exc:
             log.warning("pipeline definition %s does not load: %s", path, exc)
+            errors[path] = str(exc)
             continue
-        if name in out:
-            log.warning("pipeline %s is defined twice (%s and %s); using the first", name, out[name], path)
+        if name in found:
+            log.warning("pipeline %s is defined twice (%s and %s); using the first", name, found[name], path)
+            errors[path] = f"pipeline {name} is already defined by {found[name].name}; this file is not used"
             continue
-        out[name] = path
-    return out
+        found[name] = path
+    return found, errors
 
 
 def jobs_dir() -> Path:
