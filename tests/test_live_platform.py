@@ -71,14 +71,15 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     shot = lambda name: page.shots / f"live-{name}.png"  # noqa: E731
 
     # Savepoint and an ingest run of the demo pipeline, every field as the form shows it.
-    savepoint = trigger_from_form(page, base, "savepoint", screenshot=shot("02-savepoint-form"))
-    ingest = trigger_from_form(page, base, "ingest_sensors")
+    savepoint = trigger_from_form(page, base, "savepoint", screenshot=shot("02-savepoint-form"), rest=rest)
+    ingest = trigger_from_form(page, base, "ingest_sensors", rest=rest)
     assert rest.run("savepoint", savepoint)["conf"]["job"] == "sensors"
     succeeded(rest, "savepoint", savepoint)
     succeeded(rest, "ingest_sensors", ingest, RESUMED_RUN_TIMEOUT_S)
 
     # A savepoint with a note typed: the note is in the Savepoints view.
-    noted = trigger_from_form(page, base, "savepoint", {"note": NOTE}, screenshot=shot("03-savepoint-note"))
+    noted = trigger_from_form(page, base, "savepoint", {"note": NOTE}, screenshot=shot("03-savepoint-note"),
+                              rest=rest)
     succeeded(rest, "savepoint", noted)
     page.goto(base + "/streamlake/savepoints")
     row = page.locator("tr", has_text=NOTE)
@@ -87,7 +88,8 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     page.screenshot(path=str(shot("04-savepoints")), full_page=True)
 
     # The other pipeline's ingest and both backfills (defaults: every aggregate, all pending late events).
-    runs = {dag: trigger_from_form(page, base, dag) for dag in ("ingest_orders", "backfill_orders", "backfill_sensors")}
+    runs = {dag: trigger_from_form(page, base, dag, rest=rest)
+            for dag in ("ingest_orders", "backfill_orders", "backfill_sensors")}
     for dag, run_id in runs.items():
         succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
     backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
@@ -95,7 +97,7 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
 
     # Restore (default: the newest savepoint of the demo pipeline, the noted one) and rescale
     # (default resources): each succeeds and the run it starts completes it.
-    restore = trigger_from_form(page, base, "restore", screenshot=shot("05-restore-form"))
+    restore = trigger_from_form(page, base, "restore", screenshot=shot("05-restore-form"), rest=rest)
     succeeded(rest, "restore", restore)
     succeeded(rest, "ingest_sensors", f"restored__{restore}", RESUMED_RUN_TIMEOUT_S)
     operations = rest.call("GET", "/streamlake/api/operations?job=sensors&limit=100")[1]
@@ -103,7 +105,7 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     noted_id = next(s["id"] for s in rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1]
                     if s["note"] == NOTE)
     assert restored and restored[0]["savepoint"] == noted_id, "the default restores the newest savepoint"
-    rescale = trigger_from_form(page, base, "rescale", screenshot=shot("06-rescale-form"))
+    rescale = trigger_from_form(page, base, "rescale", screenshot=shot("06-rescale-form"), rest=rest)
     succeeded(rest, "rescale", rescale)
     succeeded(rest, "ingest_sensors", f"rescaled__{rescale}", RESUMED_RUN_TIMEOUT_S)
 

@@ -135,8 +135,9 @@ def _record_content(spark, produce, topic_name, tmp_path) -> dict:
     quarantine = str(lake / "quarantine")
     q_rows = samples.clean_rows(d, "quarantine", 3)
     q_rows[0]["reason"] = "cosmic_ray"
-    validate_table(spark, "quarantine", quarantine, None, samples.write_rows(quarantine, d, "quarantine", q_rows),
-                   definition=d, operation="ingest", context=CONTEXT)
+    unknown_reason = validate_table(spark, "quarantine", quarantine, None,
+                                    samples.write_rows(quarantine, d, "quarantine", q_rows), definition=d,
+                                    operation="ingest", context=CONTEXT)
 
     produce(topic_name, 30, partitions=2)
     job = save_job(JobSpec(name=f"ui-{topic_name}", topics=[topic_name], root=str(tmp_path / "job"),
@@ -145,7 +146,8 @@ def _record_content(spark, produce, topic_name, tmp_path) -> dict:
     check = check_consistency(job, "savepoint", context=CONTEXT)
     bronze = validate_table(spark, "bronze", job.table_path("bronze"), None, None, operation="savepoint",
                             context=CONTEXT)
-    return {"failing": failing, "savepoint": savepoint, "check": check, "job": job, "bronze": bronze}
+    return {"failing": failing, "savepoint": savepoint, "check": check, "job": job, "bronze": bronze,
+            "unknown_reason": unknown_reason}
 
 
 def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_path):
@@ -205,7 +207,8 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             for suite in ("streamlake-sensors-silver", "streamlake-sensors-gold-per_minute",
                           "streamlake-sensors-quarantine"):
                 expect(page.locator(f"#trend-{suite} svg")).to_be_visible()
-            expect(page.locator("[data-table=quarantine] tr.failing[data-key=reason_known]")).to_be_visible()
+            expect(page.locator(f"#v-{content['unknown_reason'].validation_id} tr.failing[data-key=reason_known]")
+                   ).to_be_visible()
             page.screenshot(path=str(shots / "04-data-quality.png"), full_page=True)
 
             # its Data Docs page, served by the plugin behind the login
