@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", default="{}", help="JSON recorded with the results (DAG run ids)")
     parser.add_argument("--no-quality", action="store_true", help="checks only, no Great Expectations validation")
     parser.add_argument("--job-running", action="store_true", help="the job runs: check freshness too")
+    parser.add_argument("--remote", help="sc://host:port: run on this Spark Connect server (no JVM of its own)")
     args = parser.parse_args(argv)
     logs.configure()
-    spark = get_spark(f"verify:{args.job}")
+    spark = get_spark(f"verify:{args.job}", remote=args.remote)
     try:
         summary = verify_job(spark, load_job(args.job), args.operation, context=json.loads(args.context),
                              expected_offsets=json.loads(args.expected_offsets) if args.expected_offsets else None,

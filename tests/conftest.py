@@ -294,10 +294,18 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
               "test_pipelines.py::test_late_events_are_kept_not_dropped[sensors]")
 
 
+# `make test` runs two pytest-xdist workers (--dist loadgroup): each test file is one unit of
+# work (its module fixtures built once), except that the scenarios running Airflow (the live
+# platform, `airflow dags test`, the UI in a browser) share one worker, one after the other:
+# two Airflows and two Spark clusters at once are more than 2 cores carry.
+AIRFLOW_FILES = {"test_live_platform.py", "test_airflow_e2e.py", "test_ui_browser.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in FAST_FILES or item.nodeid.endswith(FAST_TESTS):
             item.add_marker(pytest.mark.fast)
+        item.add_marker(pytest.mark.xdist_group("airflow" if item.path.name in AIRFLOW_FILES else item.path.name))
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -106,6 +106,14 @@ class AirflowREST:
         raise AssertionError(f"{dag_id} run {run_id} did not finish within {timeout:g}s "
                              f"(state {self.run(dag_id, run_id)['state']}); {self.failed_tasks(dag_id, run_id)}")
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The text of a task's log (Airflow 3 serves it as structured events)."""
+        status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
+                                        f"/taskInstances/{task_id}/logs/{try_number}?full_content=true")
+        assert status == 200, f"log of {dag_id}/{run_id}/{task_id}: {status} {body}"
+        content = body.get("content") if isinstance(body, dict) else body
+        return "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in (content or []))
+
     def failed_tasks(self, dag_id: str, run_id: str) -> list[str]:
         status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
                                         "/taskInstances")
@@ -204,9 +212,10 @@ def start_platform(home: Path, *, rate: float = 200, every_minutes: int | None =
     ``every_minutes``: the scheduled pipeline's interval (default: the demo's)."""
     home.mkdir(parents=True, exist_ok=True)
     env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)} if every_minutes else None)
-    port, kafka, spark, spark_ui = free_port(), free_port(), free_port(), free_port()
+    port, kafka, spark, spark_ui, connect = free_port(), free_port(), free_port(), free_port(), free_port()
     done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
-                           "--spark-port", str(spark), "--spark-ui-port", str(spark_ui), "--rate", str(rate)],
+                           "--spark-port", str(spark), "--spark-ui-port", str(spark_ui),
+                           "--spark-connect-port", str(connect), "--rate", str(rate)],
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"streamlake platform failed:\n{done.stdout}\n{done.stderr}"
     login = re.search(r"user (\S+), password (\S+)", done.stdout)

@@ -76,6 +76,9 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     assert rest.run("savepoint", savepoint)["conf"]["job"] == "sensors"
     succeeded(rest, "savepoint", savepoint)
     succeeded(rest, "ingest_sensors", ingest, RESUMED_RUN_TIMEOUT_S)
+    # The proofs ran on the platform's Spark Connect server, not in a JVM of their own.
+    for dag, run_id in (("savepoint", savepoint), ("ingest_sensors", ingest)):
+        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, "verify"), (dag, run_id)
 
     # A savepoint with a note typed: the note is in the Savepoints view.
     noted = trigger_from_form(page, base, "savepoint", {"note": NOTE}, screenshot=shot("03-savepoint-note"),

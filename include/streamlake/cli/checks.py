@@ -3,8 +3,9 @@
 For a pipeline (a job with a definition) the check is the proof the DAGs run
 after every operation, without the quality validation: bronze against Kafka,
 every bronze row once in silver, quarantine or the dropped duplicates, every
-gold table against a recompute from silver (``jobs/verify.py --no-quality``,
-one spark-submit). ``--kafka-only`` (and every bronze-only job) runs the Kafka
+gold table against a recompute from silver (``jobs/verify.py --no-quality``:
+a client of the platform's Spark Connect server when it runs, else one
+spark-submit). ``--kafka-only`` (and every bronze-only job) runs the Kafka
 audit alone, without Spark. Incremental by default: from the newest proof of
 the job's table, only what the Delta log shows changed since is audited (see
 :mod:`streamlake.operations.consistency`). ``--full`` audits every row against
@@ -41,10 +42,19 @@ def cmd_check(args) -> int:
         if job.definition is None or args.kafka_only:
             return 0
     from streamlake.cli.ingest import run_job_foreground
-    from streamlake.spark.session import spark_submit_command
+    from streamlake.platform.spark_connect import connect_url
+    from streamlake.spark.session import connect_client_command, spark_submit_command
 
-    cmd = spark_submit_command("verify.py", ["--job", job.name, "--operation", args.operation, "--no-quality"],
-                               master=args.master or job.master or "local[*]", name=f"check:{job.name}")
+    verify_args = ["--job", job.name, "--operation", args.operation, "--no-quality"]
+    remote = connect_url(args.remote)
+    if remote:
+        print(f"checks on the Spark Connect server {remote}", file=sys.stderr)
+        cmd = connect_client_command("verify.py", verify_args, remote)
+    else:
+        if args.remote:
+            print(f"no Spark Connect server answers at {args.remote}: spark-submit", file=sys.stderr)
+        cmd = spark_submit_command("verify.py", verify_args, master=args.master or job.master or "local[*]",
+                                   name=f"check:{job.name}")
     return run_job_foreground(cmd, job.control)
 
 
@@ -58,6 +68,8 @@ def add_parsers(sub) -> None:
                    help="audit every bronze row against Kafka (default: only what changed since the last proof)")
     c.add_argument("--version", type=int, help="check bronze at this Delta version (default latest)")
     c.add_argument("--list", action="store_true", help="past checks, newest first")
+    c.add_argument("--remote", help="sc://host:port of a Spark Connect server to run the checks on (default: the "
+                                    "platform's, when it runs; else a spark-submit)")
     c.add_argument("--proofs", action="store_true", help="verified ranges recorded by passing checks, newest first")
     c.add_argument("--limit", type=int, default=20)
     c.add_argument("--master", help="Spark master for the pipeline checks (default: the job's)")

@@ -96,8 +96,14 @@ def cmd_platform(args) -> int:
             if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
                 save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
                                  total_executor_cores=1, executor_cores=1))
+    if not args.no_spark_connect:
+        from streamlake.platform import spark_connect
+
+        server = spark_connect.start(args.spark_connect_port)
+        print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation run "
+              f"on it, no JVM start each")
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
-    info = airflow_setup.start(args.port, cluster_port=args.spark_port)
+    info = airflow_setup.start(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port)
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
@@ -174,7 +180,7 @@ def cmd_stop(args) -> int:
         return 0
     # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
     def rank(name: str) -> int:
-        return {"airflow": 0, "pipeline": 1, "spark-master": 3, "kafka": 4}.get(
+        return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "kafka": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
     for state in sorted(running, key=lambda s: rank(s.name)):
@@ -207,6 +213,10 @@ def add_parsers(sub) -> None:
     pl.add_argument("--no-spark-cluster", action="store_true", help="run jobs on local[*] only")
     pl.add_argument("--spark-port", type=int, default=7077, help="Spark master port")
     pl.add_argument("--spark-ui-port", type=int, default=8081, help="Spark master UI port")
+    pl.add_argument("--spark-connect-port", type=int, default=15002,
+                    help="Spark Connect server port (the checks after operations run on it)")
+    pl.add_argument("--no-spark-connect", action="store_true",
+                    help="no Spark Connect server: every check is a spark-submit of its own")
     _demo_data_arguments(pl, rate=200.0)
     pl.set_defaults(func=cmd_platform)
 

@@ -13,6 +13,7 @@ application fails (its exit status).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -72,18 +73,65 @@ class JobVerifyOperator(_JobSubmitOperator):
     row once downstream, gold against a recompute, Great Expectations on the rows the
     operation added. Fails (with the failing checks or expectations in the log) when
     one fails. ``expected_offsets`` (JSON) and ``version`` pin bronze's check, e.g. to a
-    savepoint."""
+    savepoint.
+
+    Where it runs: on the long-lived Spark Connect server of ``spark_connect_conn_id`` (a
+    ``spark_connect`` connection; ``make run`` starts the server and defines
+    ``spark_connect_default``) as a thin Python client, no JVM of its own; when that
+    connection is not defined or its server does not answer, spark-submit on
+    ``spark_conn_id`` as every other job (the log says which)."""
 
     job_application = "verify.py"
-    template_fields = (*_JobSubmitOperator.template_fields, "operation", "expected_offsets", "version")
+    template_fields = (*_JobSubmitOperator.template_fields, "operation", "expected_offsets", "version",
+                       "spark_connect_conn_id")
     ui_color = "#e8e4f0"
 
     def __init__(self, *, operation: str, expected_offsets: str | None = None, version: str | int | None = None,
-                 **kwargs: Any) -> None:
+                 spark_connect_conn_id: str | None = "spark_connect_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.operation = operation
         self.expected_offsets = expected_offsets
         self.version = version
+        self.spark_connect_conn_id = spark_connect_conn_id
+
+    def _connect_url(self) -> str | None:
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        from streamlake.platform.spark_connect import connect_url
+
+        if not self.spark_connect_conn_id:
+            return None
+        try:
+            configured = SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
+        except Exception as exc:  # noqa: BLE001 (AirflowNotFoundException and friends: no such connection)
+            self.log.info("no Spark Connect connection %r (%s): spark-submit", self.spark_connect_conn_id, exc)
+            return None
+        remote = connect_url(configured)
+        if remote is None:
+            self.log.info("Spark Connect server of %r (%s) does not answer: spark-submit",
+                          self.spark_connect_conn_id, configured)
+        return remote
+
+    def execute(self, context) -> None:
+        from airflow.providers.common.compat.sdk import AirflowException
+        from airflow.providers.standard.hooks.subprocess import SubprocessHook
+
+        from streamlake.operations.jobs import load_job
+        from streamlake.operations.runner import spark_env
+        from streamlake.spark.session import connect_client_command
+
+        remote = self._connect_url()
+        if remote is None:
+            return super().execute(context)
+        job = load_job(self.job_name)
+        cmd = connect_client_command(self.job_application, self.job_arguments(job), remote)
+        self.log.info("%s of job %s on the Spark Connect server %s (no JVM of its own)", self.job_application,
+                      job.name, remote)
+        result = SubprocessHook().run_command(cmd, env={**os.environ, **spark_env()})
+        if result.exit_code != 0:
+            raise AirflowException(f"{self.job_application} of job {job.name} failed (exit status {result.exit_code}): "
+                               f"{result.output}")
+        return None
 
     def job_arguments(self, job) -> list[str]:
         from streamlake.orchestration.tasks import run_context

@@ -22,6 +22,7 @@ SERVICE = "airflow"
 DEFAULT_PORT = 8080
 SPARK_LOCAL_CONN = "spark_default"
 SPARK_CLUSTER_CONN = "spark_cluster"
+SPARK_CONNECT_CONN = "spark_connect_default"
 
 # SQLite lets one writer at a time; Python's sqlite3 gives up on a lock after 5 s and
 # Airflow then answers a trigger with 500 "Database error" or a backfill with 503
@@ -45,8 +46,10 @@ def airflow_home() -> Path:
     return path
 
 
-def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str, str]:
-    """Environment for every Airflow process (standalone, CLI, `airflow dags test`)."""
+def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port: int = 15002) -> dict[str, str]:
+    """Environment for every Airflow process (standalone, CLI, `airflow dags test`). The
+    ``spark_connect_default`` connection names the platform's Spark Connect server on
+    ``connect_port``; where none answers, the checks use spark-submit."""
     from streamlake.spark.session import job_environment
 
     home = airflow_home()
@@ -73,6 +76,8 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077) -> dict[str,
         f"AIRFLOW_CONN_{SPARK_LOCAL_CONN.upper()}": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         f"AIRFLOW_CONN_{SPARK_CLUSTER_CONN.upper()}": json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster_port}),
+        f"AIRFLOW_CONN_{SPARK_CONNECT_CONN.upper()}": json.dumps(
+            {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": connect_port}),
     })
     return env
 
@@ -109,13 +114,13 @@ def credentials() -> tuple[str, str | None]:
 
 
 def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 7077,
-          extra_env: dict | None = None) -> dict:
+          extra_env: dict | None = None, connect_port: int = 15002) -> dict:
     """Start ``airflow standalone`` (idempotent) and wait until the UI answers. The
     ``spark_cluster`` connection points at ``cluster_port``; ``extra_env`` adds
     variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``)."""
     if procs.status(SERVICE) is None:
         procs.start(SERVICE, [airflow_executable(), "standalone"],
-                    env={**airflow_env(port, cluster_port), **(extra_env or {})},
+                    env={**airflow_env(port, cluster_port, connect_port), **(extra_env or {})},
                     cwd=str(airflow_home()), info={"port": port})
     port = procs.status(SERVICE).info["port"]
     started = time.monotonic()

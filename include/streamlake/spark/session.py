@@ -88,10 +88,26 @@ def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]"
     return cmd + [job_path(job), *args]
 
 
-def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Mapping[str, str] | None = None):
-    """A SparkSession with the platform's defaults (reuses the active one if any)."""
+def connect_client_command(job: str, args: Sequence[str], remote: str) -> list[str]:
+    """argv that runs ``jobs/<job>`` as a client of the Spark Connect server at ``remote``
+    (this interpreter, no spark-submit: the job must accept ``--remote``)."""
+    return [python_executable(), job_path(job), *args, "--remote", remote]
+
+
+def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Mapping[str, str] | None = None,
+              remote: str | None = None):
+    """A SparkSession with the platform's defaults (reuses the active one if any).
+
+    ``remote`` (``sc://host:port``): a Spark Connect session on that long-lived server
+    instead of a JVM of this process's own; the process must then use Connect only (pyspark
+    cannot mix a classic and a Connect session in one process)."""
     from pyspark.sql import SparkSession
 
+    if remote:
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for key in ("spark.sql.session.timeZone", "spark.sql.shuffle.partitions"):
+            builder = builder.config(key, {**SPARK_DEFAULTS, **(conf or {})}[key])
+        return builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", python_executable())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python_executable())
     builder = SparkSession.builder.appName(app_name)

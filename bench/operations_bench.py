@@ -1,0 +1,233 @@
+"""`make bench`: each operation from trigger to proven on `make run`'s platform, and the soak.
+
+1. Start the platform as ``make run`` does (``streamlake platform``: embedded broker, a
+   demo producer per pipeline at the demo's rates, Spark cluster, Spark Connect server,
+   Airflow) in a directory of its own on free ports. Its pipelines are scheduled every
+   30 minutes instead of 5 so operations do not queue behind scheduled runs; the first
+   scheduled run of each pipeline is awaited.
+2. Under the demo's load (producers on), then idle (producers stopped), trigger through
+   the REST API, as the UI's Trigger does, one after the other on the demo pipeline:
+   ``savepoint`` (proven: its verify task), ``restore`` and ``rescale`` (proven: the
+   resumed job's first run and its verify), a backfill of one hour of event time.
+   Each row is wall time from the trigger to the end of the run that proves it, with
+   the verify task's own time.
+3. Baseline, in the same run: the same operations idle with the Spark Connect server
+   stopped, so every check is a spark-submit of its own (the fallback). Ratio =
+   Connect / spark-submit.
+4. Soak, first (under the demo's load): the demo pipeline in continuous mode for 5
+   minutes (``--soak-seconds``), then stopped with a savepoint; lag as each bronze micro-batch reports it must stay below two
+   micro-batches' worth of records (the test suite checks one minute of it).
+
+Targets (issue 24): savepoint proven <= 10 s under load; restore and rescale <= 30 s to
+the resumed job's first proven batch. Writes bench/results/operations.md, .json, .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+from common import RESULTS, load, machine, progress, target_line, write_results  # noqa: E402
+
+WORK = HERE / "work" / "operations"
+JOB = "sensors"
+TARGETS = {"savepoint": 10.0, "restore": 30.0, "rescale": 30.0}
+TIMEOUT_S = 900
+
+
+def _task_seconds(rest, dag_id: str, run_id: str) -> dict[str, float]:
+    from platform_harness import epoch
+
+    status, body = rest.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+    assert status == 200, body
+    return {t["task_id"]: round(epoch(t["end_date"]) - epoch(t["start_date"]), 1)
+            for t in body["task_instances"] if t.get("start_date") and t.get("end_date")}
+
+
+def _finished(rest, dag_id: str, run_id: str) -> dict:
+    run = rest.wait(dag_id, run_id, TIMEOUT_S)
+    if run["state"] != "success":
+        raise RuntimeError(f"{dag_id} {run_id} {run['state']}: {rest.failed_tasks(dag_id, run_id)}")
+    return run
+
+
+def operation(rest, name: str) -> dict:
+    """Trigger ``name`` and wait until it is proven; wall seconds from the trigger."""
+    from platform_harness import epoch
+
+    hour = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=1)
+    dag, conf, proven_by = {
+        "savepoint": ("savepoint", {"job": JOB}, None),
+        "restore": ("restore", {"job": JOB}, "restored__"),
+        "rescale": ("rescale", {"job": JOB}, "rescaled__"),
+        "backfill 1 h": (f"backfill_{JOB}", {"all_pending": False, "start": hour.isoformat(),
+                                            "end": (hour + dt.timedelta(hours=1)).isoformat()}, None),
+    }[name]
+    started = time.time()
+    load_at_start = load()
+    run_id = rest.trigger(dag, conf)
+    run = _finished(rest, dag, run_id)
+    proof_dag, proof_run = dag, run_id
+    if proven_by:
+        proof_dag, proof_run = f"ingest_{JOB}", f"{proven_by}{run_id}"
+        run = _finished(rest, proof_dag, proof_run)
+    seconds = round(epoch(run["end_date"]) - started, 1)
+    tasks = _task_seconds(rest, dag, run_id)
+    if proof_dag != dag:
+        tasks.update({f"{proof_dag}.{k}": v for k, v in _task_seconds(rest, proof_dag, proof_run).items()})
+    verify = next((v for k, v in tasks.items() if k.endswith("verify") or k.endswith("check_restored")), None)
+    progress(f"{name}: proven {seconds} s after the trigger (verify {verify} s)")
+    return {"operation": name, "seconds": seconds, "verify_s": verify, "tasks": tasks, "load": load_at_start}
+
+
+def soak(rest, home: Path, seconds: float) -> dict:
+    """The demo pipeline continuous for ``seconds`` under the producer; its bronze lag."""
+    from platform_harness import epoch
+
+    from streamlake.operations.jobs import JobSpec
+
+    run_id = rest.trigger(f"ingest_{JOB}", {"mode": "continuous", "spark_conn_id": "spark_cluster"})
+    spec = JobSpec.from_dict(json.loads((home / "jobs" / f"{JOB}.json").read_text()))
+    progress_file = spec.control.progress_file
+    deadline = time.monotonic() + TIMEOUT_S
+    while not progress_file.exists() or time.time() - progress_file.stat().st_mtime > 20:
+        if time.monotonic() > deadline or rest.run(f"ingest_{JOB}", run_id)["state"] not in ("queued", "running"):
+            raise RuntimeError(f"the continuous run did not start: {rest.failed_tasks(f'ingest_{JOB}', run_id)}")
+        time.sleep(3)
+    start = time.time()
+    while time.time() - start < seconds:
+        time.sleep(max(0.0, min(30.0, seconds - (time.time() - start))))
+        progress(f"soak: {time.time() - start:.0f}/{seconds:.0f} s")
+    end = time.time()
+    state = rest.run(f"ingest_{JOB}", run_id)["state"]
+    lines = [json.loads(line) for line in progress_file.read_text().splitlines()]
+    stop = rest.trigger("savepoint", {"job": JOB, "stop": True})
+    _finished(rest, "savepoint", stop)
+    _finished(rest, f"ingest_{JOB}", run_id)
+    bronze = [p for p in lines if p.get("stage") == "bronze" and start <= epoch(p["timestamp"]) <= end]
+    steady = bronze[1:]
+    lags = [sum(p["lag"].values()) for p in steady]
+    per_batch = max(1, sorted(p["numInputRows"] for p in steady)[len(steady) // 2]) if steady else 0
+    return {"seconds": round(end - start), "state_at_end": state, "batches": len(bronze),
+            "median_batch_records": per_batch, "worst_lag": max(lags) if lags else None,
+            "lags": [(round(epoch(p["timestamp"]) - start, 1), sum(p["lag"].values())) for p in steady],
+            "kept_up": bool(lags) and state == "running" and max(lags) < 2 * per_batch}
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Operations: trigger to proven, on `make run`'s platform", "",
+             f"{result['machine']}; {result['date']}. Each operation on the demo pipeline `{JOB}`, "
+             "triggered through the REST API like the UI's Trigger; seconds from the trigger until the run "
+             "that proves it ended (restore, rescale: the resumed job's first run and its verify).", "",
+             "| operation | condition | checks run on | trigger → proven (s) | verify task (s) | load |",
+             "|---|---|---|---:|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['operation']} | {row['condition']} | {row['checks_on']} | {row['seconds']} | "
+                     f"{row['verify_s']} | {row['load']} |")
+    lines += ["", "## Against the targets", "", *[f"- {s}" for s in result["summary"]], "",
+              "## Soak", "", "```", json.dumps({k: v for k, v in result["soak"].items() if k != "lags"}, indent=2),
+              "```", "", "![operations](operations.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5))
+    rows = result["rows"]
+    labels = [f"{r['operation']}\n{r['condition']}\n{r['checks_on']}" for r in rows]
+    ax.barh(range(len(rows)), [r["seconds"] for r in rows],
+            color=["#4c72b0" if r["checks_on"] == "Spark Connect" else "#c44e52" for r in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds, trigger to proven")
+    ax.set_title("operations (blue: checks on Spark Connect, red: spark-submit)")
+    lags = result["soak"].get("lags") or []
+    if lags:
+        bx.plot([t for t, _ in lags], [v for _, v in lags], marker=".")
+        bx.axhline(2 * result["soak"]["median_batch_records"], color="red", linestyle="--",
+                   label="two micro-batches")
+        bx.legend()
+    bx.set_xlabel("seconds into the soak")
+    bx.set_ylabel("bronze lag (records)")
+    bx.set_title("continuous soak: lag per micro-batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--soak-seconds", type=float, default=300)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    from platform_harness import start_platform
+
+    shutil.rmtree(WORK, ignore_errors=True)
+    home = WORK / "home"
+    progress("starting the platform (make run's services, on free ports)")
+    platform = start_platform(home, rate=200, every_minutes=30)
+    os.environ["STREAMLAKE_HOME"] = str(home)
+    from streamlake.platform import procs, spark_connect
+
+    rest = platform.rest
+    rows: list[dict] = []
+    try:
+        for dag in (f"ingest_{JOB}", "ingest_orders"):
+            deadline = time.monotonic() + TIMEOUT_S
+            while not any(r["state"] == "success" for r in rest.runs(dag)):
+                assert time.monotonic() < deadline, f"no scheduled run of {dag} succeeded"
+                time.sleep(5)
+        progress("first scheduled runs done")
+        soak_result = {"skipped": "--soak-seconds 0"}
+        if args.soak_seconds > 0:
+            soak_result = soak(rest, home, args.soak_seconds)
+        phases = [("under load", "Spark Connect"), ("idle", "Spark Connect"), ("idle", "spark-submit")]
+        for condition, checks_on in phases:
+            if condition == "idle":
+                for state in procs.running_services():
+                    if state.name.startswith("producer-"):
+                        procs.stop(state.name)
+            if checks_on == "spark-submit":
+                spark_connect.stop()
+            for name in ("savepoint", "restore", "rescale", "backfill 1 h"):
+                rows.append({**operation(rest, name), "condition": condition, "checks_on": checks_on})
+    finally:
+        platform.stop()
+
+    def seconds_of(name, condition, checks_on):
+        return next(r["seconds"] for r in rows if (r["operation"], r["condition"], r["checks_on"]) ==
+                    (name, condition, checks_on))
+
+    summary = []
+    for name, target in TARGETS.items():
+        summary.append(target_line(f"{name} proven under load (s)", seconds_of(name, "under load", "Spark Connect"),
+                                   target, " s", higher_is_better=False, digits=1))
+    for name in ("savepoint", "restore", "rescale", "backfill 1 h"):
+        ratio = seconds_of(name, "idle", "Spark Connect") / seconds_of(name, "idle", "spark-submit")
+        summary.append(f"{name} idle: checks on Spark Connect take {ratio:.2f}x the time of spark-submit checks")
+    if "kept_up" in soak_result:
+        summary.append(f"soak {soak_result['seconds']} s continuous: worst bronze lag {soak_result['worst_lag']} "
+                       f"records, median micro-batch {soak_result['median_batch_records']} records "
+                       f"(target: below two micro-batches): {'met' if soak_result['kept_up'] else 'NOT MET'}")
+    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "soak": soak_result,
+              "summary": summary}
+    write_results(args.results, "operations", result, markdown, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

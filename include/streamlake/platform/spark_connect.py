@@ -1,0 +1,74 @@
+"""A long-lived Spark Connect server, from the pip-installed pyspark, for the proofs.
+
+Every check and quality validation after an operation (``jobs/verify.py``) needs a
+Spark session. Started per check, that is a JVM start, a SparkContext and Python
+workers each time: 15 s on an idle machine, a minute and more on 2 busy cores.
+``streamlake platform`` (``make run``) therefore runs one Spark Connect server
+(``org.apache.spark.sql.connect.service.SparkConnectServer``, shipped in pyspark's
+jars) as a platform service, and a check runs as a thin Python client of it
+(``jobs/verify.py --remote sc://...``); Airflow reaches it through the Spark
+provider's ``spark_connect`` connection type (``spark_connect_default``). When no
+server answers, the checks fall back to spark-submit (:func:`connect_url` returns None).
+
+The server binds to 127.0.0.1 only: it has no authentication of its own.
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlparse
+
+from streamlake.platform import procs
+
+SERVICE = "spark-connect"
+DEFAULT_PORT = 15002
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def url(port: int = DEFAULT_PORT) -> str:
+    return f"sc://127.0.0.1:{port}"
+
+
+def reachable(remote: str, timeout_s: float = 2.0) -> bool:
+    """Whether a Spark Connect server accepts connections at ``remote`` (``sc://host:port``)."""
+    parsed = urlparse(remote.replace("sc://", "http://", 1))
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or DEFAULT_PORT), timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float = 120) -> dict:
+    """Start the server (idempotent) with the platform's Spark defaults; return when it accepts
+    connections. Raises TimeoutError when it does not within ``timeout_s``."""
+    from streamlake.spark.session import SPARK_DEFAULTS, job_environment, python_executable, spark_submit_executable
+
+    if procs.status(SERVICE) is None:
+        conf = {**SPARK_DEFAULTS, "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false",
+                "spark.pyspark.python": python_executable()}
+        cmd = [spark_submit_executable(), "--master", master, "--name", "streamlake-spark-connect",
+               "--class", SERVER_CLASS]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        procs.start(SERVICE, [*cmd, "spark-internal"], env=job_environment(), info={"url": url(port)})
+    remote = procs.status(SERVICE).info["url"]
+    procs.wait_for(lambda: reachable(remote), timeout_s, interval=1, what=f"the Spark Connect server at {remote}")
+    return {"url": remote, "master": master}
+
+
+def stop() -> bool:
+    return procs.stop(SERVICE, timeout=20)
+
+
+def connect_url(explicit: str | None = None) -> str | None:
+    """Where the checks should run: ``explicit`` (``--remote``, an Airflow connection's URL) if
+    given, else the platform's running server; None when that server does not answer (the
+    caller falls back to spark-submit)."""
+    if explicit:
+        return explicit if reachable(explicit) else None
+    state = procs.status(SERVICE)
+    if state is not None and reachable(state.info["url"]):
+        return state.info["url"]
+    return None
