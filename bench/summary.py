@@ -1,4 +1,4 @@
-"""`make bench` (last): every issue-11 figure against its target, from bench/results/*.json.
+"""`make bench` (last): every figure against its target, from bench/results/*.json.
 
 Prints the throughput ratios (ingest_bench), the latency percentiles
 (latency_bench) and the backfill cost ratio (backfill_bench), each with its
@@ -18,8 +18,8 @@ from common import RESULTS  # noqa: E402
 
 def main() -> int:
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
-    print("\n== issue 11: figures against their targets ==")
-    for name in ("ingest", "latency", "backfill"):
+    print("\n== figures against their targets ==")
+    for name in ("ingest", "latency", "backfill", "operations"):
         path = results / f"{name}.json"
         if not path.exists():
             print(f"{name}: no results ({path} missing: run bench/{name}_bench.py)")
@@ -27,7 +27,8 @@ def main() -> int:
         data = json.loads(path.read_text())
         for line in data.get("summary", []):
             print(line)
-    print(f"details: {results}/ingest.md, latency.md, backfill.md (each figure with the machine's load)")
+    print(f"details: {results}/ingest.md, latency.md, backfill.md, operations.md (each figure with the machine's "
+          f"load)")
     return 0
 
 

@@ -29,7 +29,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # py4j logs from destructors at interpreter exit, after pytest closed its capture streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Airflow reads its settings when first imported: give it the platform's (an
-# AIRFLOW_HOME inside this session's STREAMLAKE_HOME, this repo's dags/plugins).
+# AIRFLOW_HOME inside this session's STREAMLAKE_HOME, this repo's dags/plugins). An
+# AIRFLOW_HOME inherited from the caller (a developer's, or the parent of an xdist worker)
+# would make sessions share one Airflow database.
+os.environ.pop("AIRFLOW_HOME", None)
 from streamlake.platform.airflow import airflow_env  # noqa: E402
 
 os.environ.update({k: v for k, v in airflow_env().items() if k.startswith("AIRFLOW")})
@@ -294,18 +297,11 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
               "test_pipelines.py::test_late_events_are_kept_not_dropped[sensors]")
 
 
-# `make test` runs two pytest-xdist workers (--dist loadgroup): each test file is one unit of
-# work (its module fixtures built once), except that the scenarios running Airflow (the live
-# platform, `airflow dags test`, the UI in a browser) share one worker, one after the other:
-# two Airflows and two Spark clusters at once are more than 2 cores carry.
-AIRFLOW_FILES = {"test_live_platform.py", "test_airflow_e2e.py", "test_ui_browser.py"}
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in FAST_FILES or item.nodeid.endswith(FAST_TESTS):
             item.add_marker(pytest.mark.fast)
-        item.add_marker(pytest.mark.xdist_group("airflow" if item.path.name in AIRFLOW_FILES else item.path.name))
+
 
 
 def pytest_sessionfinish(session, exitstatus):

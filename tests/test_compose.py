@@ -65,6 +65,9 @@ def test_dependencies_volumes_and_ports(compose):
     assert env["STREAMLAKE_KAFKA_BOOTSTRAP"].split(":")[0] in services
     cluster = yaml.safe_load(env[f"AIRFLOW_CONN_{airflow_setup.SPARK_CLUSTER_CONN.upper()}"])
     assert cluster["host"].split("//")[1] in services and cluster["port"] == spark_cluster.DEFAULT_PORT
+    connect = yaml.safe_load(env[f"AIRFLOW_CONN_{airflow_setup.SPARK_CONNECT_CONN.upper()}"])
+    assert connect["conn_type"] == "spark_connect" and connect["host"].split("//")[1] in services
+    assert f"spark.connect.grpc.binding.port={connect['port']}" in services["spark-connect"]["command"]
     assert "postgres:5432" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
@@ -85,7 +88,8 @@ def test_every_variable_is_one_the_project_or_airflow_reads(compose):
                 assert key in known.get(section, ()), f"{name}: {var} is not an Airflow setting"
             elif var.startswith("AIRFLOW_CONN_"):
                 conn_id = var[len("AIRFLOW_CONN_"):].lower()
-                assert conn_id in (airflow_setup.SPARK_LOCAL_CONN, airflow_setup.SPARK_CLUSTER_CONN)
+                assert conn_id in (airflow_setup.SPARK_LOCAL_CONN, airflow_setup.SPARK_CLUSTER_CONN,
+                                   airflow_setup.SPARK_CONNECT_CONN)
             else:
                 assert var in sources or var in ("AIRFLOW_HOME",), f"{name}: {var} is read nowhere in the project"
     for var in run_env:  # and `make run` itself sets only real Airflow options
