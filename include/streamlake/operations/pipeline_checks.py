@@ -119,6 +119,7 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
             .unionByName(q_rows.select(*LINEAGE, F.lit(0).alias("s"), F.lit(1).alias("q")))
             .groupBy(*LINEAGE).agg(F.sum("s").alias("s"), F.sum("q").alias("q")))
     joined = bronze.join(seen, LINEAGE, "full_outer").persist()
+    valid = None
     try:
         twice = joined.where("s + q > 1")
         extra = joined.where("timestamp IS NULL")  # every Kafka record has a timestamp
@@ -145,8 +146,10 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
                 report.examples[name] = [f"{r.topic}-{r.partition}@{r.offset}"
                                          for r in df.select(*LINEAGE).limit(EXAMPLES).collect()]
         return report
-    finally:
+    finally:  # the checks share a long-lived Spark Connect server: leave nothing cached on it
         joined.unpersist()
+        if valid is not None:
+            valid.unpersist()
 
 
 def _appends_only(path: str, since: int, through: int) -> bool:

@@ -129,8 +129,8 @@ class JobVerifyOperator(_JobSubmitOperator):
                       job.name, remote)
         result = SubprocessHook().run_command(cmd, env={**os.environ, **spark_env()})
         if result.exit_code != 0:
-            raise AirflowException(f"{self.job_application} of job {job.name} failed (exit status {result.exit_code}): "
-                               f"{result.output}")
+            raise AirflowException(f"{self.job_application} of job {job.name} failed "
+                                   f"(exit status {result.exit_code}): {result.output}")
         return None
 
     def job_arguments(self, job) -> list[str]:

@@ -52,7 +52,8 @@ def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float =
                "--class", SERVER_CLASS]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
-        procs.start(SERVICE, [*cmd, "spark-internal"], env=job_environment(), info={"url": url(port)})
+        procs.start(SERVICE, [*cmd, "spark-internal"], env=job_environment({"SPARK_LOCAL_IP": "127.0.0.1"}),
+                    info={"url": url(port)})
     remote = procs.status(SERVICE).info["url"]
     procs.wait_for(lambda: reachable(remote), timeout_s, interval=1, what=f"the Spark Connect server at {remote}")
     return {"url": remote, "master": master}
