@@ -10,7 +10,7 @@ from pathlib import Path
 from streamlake import config
 from streamlake.cli.common import print_json
 from streamlake.operations.jobs import DEMO_JOB as DEMO_PIPELINE
-from streamlake.platform import procs
+from streamlake.platform import procs, spark_connect
 
 
 def cmd_spark(args) -> int:
@@ -97,8 +97,6 @@ def cmd_platform(args) -> int:
                 save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
                                  total_executor_cores=1, executor_cores=1))
     if not args.no_spark_connect:
-        from streamlake.platform import spark_connect
-
         server = spark_connect.start(args.spark_connect_port)
         print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation run "
               f"on it, no JVM start each")
@@ -213,7 +211,7 @@ def add_parsers(sub) -> None:
     pl.add_argument("--no-spark-cluster", action="store_true", help="run jobs on local[*] only")
     pl.add_argument("--spark-port", type=int, default=7077, help="Spark master port")
     pl.add_argument("--spark-ui-port", type=int, default=8081, help="Spark master UI port")
-    pl.add_argument("--spark-connect-port", type=int, default=15002,
+    pl.add_argument("--spark-connect-port", type=int, default=spark_connect.DEFAULT_PORT,
                     help="Spark Connect server port (the checks after operations run on it)")
     pl.add_argument("--no-spark-connect", action="store_true",
                     help="no Spark Connect server: every check is a spark-submit of its own")

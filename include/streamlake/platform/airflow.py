@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from streamlake import config
-from streamlake.platform import procs
+from streamlake.platform import procs, spark_connect
 
 SERVICE = "airflow"
 DEFAULT_PORT = 8080
@@ -46,7 +46,7 @@ def airflow_home() -> Path:
     return path
 
 
-def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port: int = 15002) -> dict[str, str]:
+def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port: int = spark_connect.DEFAULT_PORT) -> dict[str, str]:
     """Environment for every Airflow process (standalone, CLI, `airflow dags test`). The
     ``spark_connect_default`` connection names the platform's Spark Connect server on
     ``connect_port``; where none answers, the checks use spark-submit."""
@@ -114,7 +114,7 @@ def credentials() -> tuple[str, str | None]:
 
 
 def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 7077,
-          extra_env: dict | None = None, connect_port: int = 15002) -> dict:
+          extra_env: dict | None = None, connect_port: int = spark_connect.DEFAULT_PORT) -> dict:
     """Start ``airflow standalone`` (idempotent) and wait until the UI answers. The
     ``spark_cluster`` connection points at ``cluster_port``; ``extra_env`` adds
     variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``)."""
