@@ -53,6 +53,17 @@ if ! chromium_bin >/dev/null; then
 fi
 if chromium_bin >/dev/null; then echo "setup: chromium at $(chromium_bin)."; fi
 
+# The local S3 API server (moto) in a venv of its own: its botocore and the platform's lock
+# disagree on python-dateutil. Tests and the optional object-store mode start it.
+S3_VENV=.venv-s3
+s3_want="$(sha256sum requirements-s3.txt | cut -d' ' -f1)"
+if [ ! -f "$S3_VENV/.installed" ] || [ "$(cat "$S3_VENV/.installed")" != "$s3_want" ] || [ ! -x "$S3_VENV/bin/moto_server" ]; then
+  echo "setup: installing the local S3 server (moto) into $S3_VENV"
+  [ -x "$S3_VENV/bin/python" ] || "$PYTHON" -m venv "$S3_VENV"
+  "$S3_VENV/bin/python" -m pip install --quiet -r requirements-s3.txt
+  echo "$s3_want" > "$S3_VENV/.installed"
+fi
+
 want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
   echo "setup: .venv is up to date (Java $major)."

@@ -33,3 +33,12 @@ class CommitConflictError(StreamLakeError):
 
 class PositionGapError(StreamLakeError):
     """A pipeline stage's table is behind its query checkpoint: committing would skip rows."""
+
+
+class UnsafeStoreError(StreamLakeError):
+    """A table on an object store without a safe commit (no atomic put-if-absent):
+    two writers could both commit the same Delta version."""
+
+
+class StorageOptionError(InvalidOptionError):
+    """A storage option that is malformed or does not fit the lake's URI."""

@@ -50,17 +50,22 @@ def run_job_foreground(cmd: list[str], control, env: dict | None = None) -> int:
 
 def cmd_ingest(args) -> int:
     from streamlake.operations.control import JobControl
-    from streamlake.pipeline.ingest import config_from_args
+    from streamlake.pipeline.ingest import config_from_args, secret_environment
+    from streamlake.storage.location import require_safe_commits
 
     cfg = config_from_args(args)
-    return run_job_foreground(ingest_command(cfg, args.master), JobControl.for_checkpoint(cfg.checkpoint))
+    require_safe_commits(cfg.storage())  # refused here, before a JVM starts
+    return run_job_foreground(ingest_command(cfg, args.master), JobControl.for_checkpoint(cfg.checkpoint),
+                              env=secret_environment(cfg))
 
 
 def cmd_audit(args) -> int:
     from streamlake.operations.audit import audit_offsets
+    from streamlake.storage.location import storage_options
 
     topics = [t.strip() for t in args.topic.split(",") if t.strip()]
-    report = audit_offsets(args.table, topics, kafka_options(args.kafka_option), version=args.version)
+    report = audit_offsets(args.table, topics, kafka_options(args.kafka_option), version=args.version,
+                           storage=storage_options(args.table, args.storage_option))
     print_json(report.to_dict() if args.verbose else {
         k: v for k, v in report.to_dict().items() if k != "partitions"
     } | {"violations": [p for p in report.to_dict()["partitions"] if not p["exactly_once"]]})
@@ -90,6 +95,8 @@ def add_parsers(sub) -> None:
     a.add_argument("--table", required=True)
     a.add_argument("--version", type=int, help="audit this Delta version (default latest)")
     a.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="storage option of an object-store --table (repeatable; AWS_* variables are read too)")
     a.set_defaults(func=cmd_audit)
 
     v = sub.add_parser("vacuum", help="delete files no snapshot references (aborted commit attempts, old files)")

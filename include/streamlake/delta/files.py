@@ -160,7 +160,9 @@ CONSTANT_TYPES: dict[str, pa.DataType] = {
 class FileTarget:
     """Where and how a task writes its Parquet files of one commit attempt.
 
-    ``directory`` is the attempt directory relative to the table ``root``;
+    ``directory`` is the attempt directory relative to the table ``root`` (a
+    local path or an object-store URI; ``storage`` holds its storage options
+    *without secrets*: a task adds the credentials from its own environment);
     ``columns`` are the data files' columns in order: the columns of the
     batches a task writes plus ``constants`` (name -> (type name in
     :data:`CONSTANT_TYPES`, value)), the same for every row of the attempt
@@ -174,19 +176,38 @@ class FileTarget:
     constants: Mapping[str, tuple[str, object]] = field(default_factory=dict)
     stats_columns: tuple[str, ...] = ()
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    storage: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from streamlake.storage.location import is_secret
+
+        leaked = sorted(k for k in self.storage if is_secret(k))
+        if leaked:
+            raise ValueError(f"a FileTarget travels to tasks in the clear; keep {leaked} out of it")
 
     def to_json(self) -> str:
         return json.dumps({"root": self.root, "directory": self.directory, "columns": list(self.columns),
                            "constants": {k: list(v) for k, v in self.constants.items()},
                            "statsColumns": list(self.stats_columns),
-                           "partitionValues": dict(self.partition_values)}, separators=(",", ":"))
+                           "partitionValues": dict(self.partition_values),
+                           "storage": dict(self.storage)}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "FileTarget":
         d = json.loads(text)
         return cls(d["root"], d["directory"], tuple(d["columns"]),
                    {k: (v[0], v[1]) for k, v in d.get("constants", {}).items()},
-                   tuple(d.get("statsColumns", ())), dict(d.get("partitionValues") or {}))
+                   tuple(d.get("statsColumns", ())), dict(d.get("partitionValues") or {}),
+                   dict(d.get("storage") or {}))
+
+    def filesystem(self):
+        """``(pyarrow filesystem, root path in it)``, or None on the local filesystem.
+        Credentials come from the environment of the process (a task's executor)."""
+        from streamlake.storage.location import arrow_filesystem, is_object_store, storage_options
+
+        if not is_object_store(self.root):
+            return None
+        return arrow_filesystem(storage_options(self.root, self.storage))
 
     def constant_arrays(self, n: int) -> dict[str, pa.Array]:
         out = {}
@@ -215,7 +236,9 @@ class AttemptFileWriter:
     def __init__(self, target: FileTarget, name: str):
         self.target = target
         self.rel_path = f"{target.directory}/{name}"
-        self.full_path = os.path.join(target.root, self.rel_path)
+        remote = target.filesystem()
+        self._fs = remote[0] if remote else None
+        self.full_path = f"{remote[1]}/{self.rel_path}" if remote else os.path.join(target.root, self.rel_path)
         self._writer: pq.ParquetWriter | None = None
         self.num_records = 0
         self._mins: dict = {}
@@ -232,8 +255,9 @@ class AttemptFileWriter:
             schema = pa.schema([pa.field(c, a.type) for c, a in zip(self.target.columns, arrays)])
             plain = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
             simple = [f.name for f in schema if not pa.types.is_nested(f.type) and f.name not in plain]
-            os.makedirs(os.path.dirname(self.full_path), exist_ok=True)
-            self._writer = pq.ParquetWriter(self.full_path, schema, compression="snappy",
+            if self._fs is None:
+                os.makedirs(os.path.dirname(self.full_path), exist_ok=True)
+            self._writer = pq.ParquetWriter(self.full_path, schema, compression="snappy", filesystem=self._fs,
                                             use_dictionary=[c for c in simple], write_statistics=simple)
         out = pa.RecordBatch.from_arrays(arrays, schema=self._writer.schema)
         self._writer.write_batch(out)
@@ -266,9 +290,13 @@ class AttemptFileWriter:
         nulls = {k: v for k, v in self._nulls.items() if k in mins or v == self.num_records}
         stats = json.dumps({"numRecords": self.num_records, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
                            separators=(",", ":"), default=str)
-        st = os.stat(self.full_path)
+        if self._fs is None:
+            st = os.stat(self.full_path)
+            size, mtime_ms = st.st_size, int(st.st_mtime * 1000)
+        else:  # an object store: the size it reports, the time of the upload's end
+            size, mtime_ms = self._fs.get_file_info(self.full_path).size, int(time.time() * 1000)
         single = lambda col: mins[col] if col in mins and mins[col] == maxs[col] else None  # noqa: E731
-        return DataFile(self.rel_path, st.st_size, int(st.st_mtime * 1000), self.num_records, stats,
+        return DataFile(self.rel_path, size, mtime_ms, self.num_records, stats,
                         single("topic"), single("partition"), mins.get("offset"),
                         dict(self.target.partition_values))
 

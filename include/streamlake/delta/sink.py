@@ -52,9 +52,10 @@ from streamlake.delta.files import (
 )
 from streamlake.delta.table import TableSpec, ensure_table
 from streamlake.delta.txn import committed_offsets, offset_transactions
-from streamlake.errors import CommitConflictError, OffsetGapError
+from streamlake.errors import CommitConflictError, InvalidOptionError, OffsetGapError
 from streamlake.faults import crash_point
 from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
+from streamlake.storage.location import StorageOptions, is_object_store, require_safe_commits, storage_options
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +173,15 @@ class DeltaKafkaSink:
     def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,
                  prepare: Callable | None, partition_values: Callable[[int], Mapping[str, str]],
                  stats_columns: tuple[str, ...] = (),
-                 file_constants: Callable[[int, int], Mapping[str, tuple[str, object]]] | None = None):
+                 file_constants: Callable[[int, int], Mapping[str, tuple[str, object]]] | None = None,
+                 storage: StorageOptions | None = None):
         self.table_path = str(table_path)
+        self.storage = storage if storage is not None else storage_options(self.table_path)
+        require_safe_commits(self.storage)
+        if file_constants is None and is_object_store(self.table_path):
+            raise InvalidOptionError(
+                f"{self.table_path} is on an object store, where only the source's read tasks write files "
+                "(writer=source): Spark's own writer would need the s3a/gcs/abfs connector jars")
         self.spec = spec
         self.checkpoint = checkpoint
         self.prepare = prepare
@@ -198,7 +206,7 @@ class DeltaKafkaSink:
         """The table's latest snapshot: opened (created) once, then updated incrementally,
         which reads only the commits since the last batch."""
         if self._table is None:
-            self._table = ensure_table(self.table_path, self.spec)
+            self._table = ensure_table(self.table_path, self.spec, self.storage.for_delta())
         else:
             self._table.update_incremental()
         return self._table
@@ -311,7 +319,8 @@ class DeltaKafkaSink:
 
         values = dict(self.partition_values(batch_time_ms))
         target = FileTarget(self.table_path, attempt_directory(attempt_id, values), tuple(self.spec.file_schema.names),
-                            dict(self.file_constants(plan.batch_id, batch_time_ms)), tuple(self.stats_columns), values)
+                            dict(self.file_constants(plan.batch_id, batch_time_ms)), tuple(self.stats_columns), values,
+                            self.storage.public())
         context = FilesContext(target, plan.write_from)
         sc = df.sparkSession.sparkContext
         sc.setLocalProperty(FILES_CONTEXT_PROPERTY, context.to_json())

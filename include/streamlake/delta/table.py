@@ -44,27 +44,36 @@ class TableSpec:
         return pa.schema([f for f in self.schema if f.name not in self.partition_by])
 
 
-def table_exists(path: str | os.PathLike) -> bool:
-    return DeltaTable.is_deltatable(str(path))
+def table_exists(path: str | os.PathLike, storage_options: Mapping[str, str] | None = None) -> bool:
+    return DeltaTable.is_deltatable(str(path), storage_options=_delta_options(storage_options))
 
 
-def ensure_table(path: str | os.PathLike, spec: TableSpec) -> DeltaTable:
-    """Open the table at ``path``, creating it (version 0, no data) if missing.
+def _delta_options(storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
+    return dict(storage_options) if storage_options else None
+
+
+def ensure_table(path: str | os.PathLike, spec: TableSpec,
+                 storage_options: Mapping[str, str] | None = None) -> DeltaTable:
+    """Open the table at ``path`` (a local path or an object-store URI, reached with
+    ``storage_options``), creating it (version 0, no data) if missing.
 
     Safe against concurrent creators: the loser of the create race opens the
     winner's table. Raises ValueError if an existing table's schema differs.
     """
     path = str(path)
-    if not table_exists(path):
-        os.makedirs(path, exist_ok=True)
+    options = _delta_options(storage_options)
+    if not table_exists(path, options):
+        if "://" not in path:
+            os.makedirs(path, exist_ok=True)
         try:
             DeltaTable.create(
                 path, spec.schema, mode="ignore", partition_by=list(spec.partition_by) or None,
                 name=spec.name, description=spec.description, configuration=dict(spec.configuration),
+                storage_options=options,
             )
         except CommitFailedError:
             pass  # another process created it first
-    table = DeltaTable(path)
+    table = DeltaTable(path, storage_options=options)
     existing = pa.schema(table.schema().to_arrow())
     if existing.names != spec.schema.names:
         raise ValueError(
@@ -120,10 +129,11 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
         return a == b
 
 
-def open_table(path: str | os.PathLike, version: int | None = None) -> DeltaTable:
+def open_table(path: str | os.PathLike, version: int | None = None,
+               storage_options: Mapping[str, str] | None = None) -> DeltaTable:
     """The table's latest snapshot, or ``version``. Raises FileNotFoundError if absent."""
     try:
-        return DeltaTable(str(path), version=version)
+        return DeltaTable(str(path), version=version, storage_options=_delta_options(storage_options))
     except TableNotFoundError:
         raise FileNotFoundError(f"no Delta table at {path}") from None
 

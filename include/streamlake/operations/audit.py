@@ -56,6 +56,7 @@ from streamlake.errors import DataLossError
 from streamlake.kafka.client import KafkaMetadataClient, client_config
 from streamlake.kafka.offsets import OffsetRange, Offsets, TopicPartition
 from streamlake.kafka.reader import read_range
+from streamlake.storage.location import StorageOptions, arrow_filesystem, is_object_store, storage_options
 
 EXAMPLES = 5
 DIGEST_SIZE = 12
@@ -305,7 +306,7 @@ class FileInfo:
     """A data file and what its statistics say about the Kafka records it holds
     (None: unknown, the file may hold anything)."""
 
-    path: str  # local absolute path
+    path: str  # local absolute path, or the path in ``fs`` (an object store)
     num_records: int | None = None
     topic_min: str | None = None
     topic_max: str | None = None
@@ -313,6 +314,7 @@ class FileInfo:
     partition_max: int | None = None
     offset_min: int | None = None
     offset_max: int | None = None
+    fs: object = field(default=None, compare=False, repr=False)  # pyarrow filesystem; None: local
 
     def may_contain(self, tp: TopicPartition) -> bool:
         if self.topic_min is not None and self.topic_max is not None and \
@@ -343,7 +345,7 @@ class FileInfo:
                             self.offset_min, self.offset_max)
 
     @staticmethod
-    def from_stats(path: str, num_records: int | None, mins: Mapping, maxs: Mapping) -> "FileInfo":
+    def from_stats(path: str, num_records: int | None, mins: Mapping, maxs: Mapping, fs=None) -> "FileInfo":
         def num(v):
             return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -352,7 +354,7 @@ class FileInfo:
 
         return FileInfo(path, num_records, text(mins.get("topic")), text(maxs.get("topic")),
                         num(mins.get("partition")), num(maxs.get("partition")),
-                        num(mins.get("offset")), num(maxs.get("offset")))
+                        num(mins.get("offset")), num(maxs.get("offset")), fs)
 
     def with_footer_stats(self) -> "FileInfo":
         """Statistics from the Parquet footer for a file the Delta log has none for."""
@@ -361,7 +363,7 @@ class FileInfo:
         import pyarrow.parquet as pq
 
         try:
-            meta = pq.read_metadata(self.path)
+            meta = pq.read_metadata(self.path, filesystem=self.fs)
         except (OSError, pa.ArrowInvalid):
             return self
         leaf = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
@@ -382,7 +384,7 @@ class FileInfo:
                 hi = st.max if hi is None else max(hi, st.max)
             if lo is not None:
                 mins[name], maxs[name] = lo, hi
-        return FileInfo.from_stats(self.path, meta.num_rows, mins, maxs)
+        return FileInfo.from_stats(self.path, meta.num_rows, mins, maxs, self.fs)
 
 
 def local_path(root: str, path: str) -> str:
@@ -393,14 +395,27 @@ def local_path(root: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(root, path)
 
 
+def object_store_path(root: str, path: str) -> str:
+    """A data file path of a table at object-store URI ``root`` -> its path in the store's
+    pyarrow filesystem (``bucket/key``)."""
+    full = path if "://" in path else f"{root.rstrip('/')}/{unquote(path)}"
+    return full.split("://", 1)[1]
+
+
+def _dataset(files: Sequence[FileInfo]):
+    fs = next((f.fs for f in files if f.fs is not None), None)
+    return ds.dataset([f.path for f in files], format="parquet", schema=_SCAN_SCHEMA, filesystem=fs)
+
+
 def table_root(table) -> str:
     uri = table.table_uri
     return unquote(uri[len("file://"):]) if uri.startswith("file://") else uri
 
 
-def snapshot_index(table) -> list[FileInfo]:
+def snapshot_index(table, fs=None) -> list[FileInfo]:
     """Every data file of the table's loaded snapshot with its statistics (from the
-    Delta log; the Parquet footer for files the log has none for)."""
+    Delta log; the Parquet footer for files the log has none for). ``fs``: the pyarrow
+    filesystem of a table on an object store (see :func:`object_store_path`)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
@@ -414,8 +429,9 @@ def snapshot_index(table) -> list[FileInfo]:
     for path, n, tmin, tmax, pmin, pmax, omin, omax in zip(
             col("path"), col("num_records"), col("min.topic"), col("max.topic"), col("min.partition"),
             col("max.partition"), col("min.offset"), col("max.offset")):
-        info = FileInfo.from_stats(local_path(root, path), n, {"topic": tmin, "partition": pmin, "offset": omin},
-                                   {"topic": tmax, "partition": pmax, "offset": omax})
+        where = local_path(root, path) if fs is None else object_store_path(root, path)
+        info = FileInfo.from_stats(where, n, {"topic": tmin, "partition": pmin, "offset": omin},
+                                   {"topic": tmax, "partition": pmax, "offset": omax}, fs)
         out.append(info if info.has_stats else info.with_footer_stats())
     return out
 
@@ -442,9 +458,9 @@ def partitions_in_files(files: Sequence[FileInfo], topics: Iterable[str]) -> set
     def may_hold_topic(f: FileInfo) -> bool:
         return f.topic_min is None or f.topic_max is None or any(f.topic_min <= t <= f.topic_max for t in topics)
 
-    unknown = [f.path for f in files if f.single_partition is None and may_hold_topic(f)]
+    unknown = [f for f in files if f.single_partition is None and may_hold_topic(f)]
     if unknown:
-        dataset = ds.dataset(unknown, format="parquet", schema=_SCAN_SCHEMA)
+        dataset = _dataset(unknown)
         for batch in dataset.to_batches(columns=["topic", "partition"], batch_size=SCAN_BATCH_ROWS,
                                         filter=pc.field("topic").isin(sorted(topics))):
             pairs = pa.table({"t": batch.column(0), "p": batch.column(1)}).group_by(["t", "p"]).aggregate([])
@@ -456,8 +472,8 @@ def partitions_in_files(files: Sequence[FileInfo], topics: Iterable[str]) -> set
 def scan_rows(files: Sequence[FileInfo], tp: TopicPartition, lo: int | None, hi: int | None,
               only: np.ndarray | None = None) -> Rows:
     """Rows of ``tp`` with ``lo <= offset < hi`` (and in ``only``, if given) in ``files``."""
-    paths = [f.path for f in files if f.may_contain(tp) and f.overlaps(lo, hi)]
-    if not paths or (only is not None and not len(only)):
+    chosen = [f for f in files if f.may_contain(tp) and f.overlaps(lo, hi)]
+    if not chosen or (only is not None and not len(only)):
         return Rows.empty()
     expr = (pc.field("topic") == tp.topic) & (pc.field("partition") == tp.partition)
     if lo is not None:
@@ -466,7 +482,7 @@ def scan_rows(files: Sequence[FileInfo], tp: TopicPartition, lo: int | None, hi:
         expr &= pc.field("offset") < hi
     if only is not None:
         expr &= pc.field("offset").isin(pa.array(only, pa.int64()))
-    dataset = ds.dataset(paths, format="parquet", schema=_SCAN_SCHEMA)
+    dataset = _dataset(chosen)
     parts = [Rows.from_batch(b.column("offset"), b.column("key"), b.column("value"))
              for b in dataset.to_batches(columns=["offset", "key", "value"], filter=expr,
                                          batch_size=SCAN_BATCH_ROWS, batch_readahead=2, fragment_readahead=2)
@@ -648,7 +664,7 @@ def _now() -> str:
 
 
 def audit_offsets(table_path: str, topics: Iterable[str], kafka_options: Mapping[str, str] | None = None,
-                  version: int | None = None) -> AuditReport:
+                  version: int | None = None, storage: StorageOptions | None = None) -> AuditReport:
     """Audit ``table_path`` (latest snapshot or ``version``) against Kafka: every row.
 
     The ledger-free full audit (``streamlake audit``): Kafka is the only reference.
@@ -656,17 +672,20 @@ def audit_offsets(table_path: str, topics: Iterable[str], kafka_options: Mapping
     FileNotFoundError for a missing table, UnknownTopicError for a missing topic,
     DataLossError if Kafka no longer holds part of the committed range (the audit
     cannot then prove anything; ``streamlake check`` can, from earlier proofs),
-    KafkaUnavailableError if Kafka is down.
+    KafkaUnavailableError if Kafka is down. A table on an object store is read with
+    ``storage`` (default: the environment's options for its URI).
     """
     topics = sorted(set(topics))
     conf = client_config({f"kafka.{k}": v for k, v in (kafka_options or {}).items()})
-    table = open_table(table_path, version)
+    storage = storage if storage is not None else storage_options(table_path)
+    table = open_table(table_path, version, storage.for_delta())
+    fs = arrow_filesystem(storage)[0] if is_object_store(table_path) else None
     kafka = KafkaLog(conf)
     try:
         tps = kafka.partitions(topics)
         nexts = committed_offsets(table, tps)
         firsts = first_offsets(table, tps)
-        files = snapshot_index(table)
+        files = snapshot_index(table, fs)
         starts = kafka.log_start([tp for tp in tps if tp in firsts])
         for tp in sorted(firsts):
             first, nxt, start = firsts[tp], nexts.get(tp), starts.get(tp)

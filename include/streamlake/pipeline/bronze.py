@@ -57,9 +57,9 @@ def to_bronze(df, batch_id: int, batch_time_ms: int):
     })
 
 
-def ensure_bronze_table(path: str | os.PathLike):
+def ensure_bronze_table(path: str | os.PathLike, storage_options=None):
     """Open or create the bronze table at ``path`` (see :func:`streamlake.delta.table.ensure_table`)."""
-    return ensure_table(path, BRONZE)
+    return ensure_table(path, BRONZE, storage_options)
 
 
 def read_bronze(spark, path: str | os.PathLike, version: int | None = None):

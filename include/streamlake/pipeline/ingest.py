@@ -53,6 +53,7 @@ from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
 from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register, warm_up
+from streamlake.storage.location import StorageOptions, normalize, parse_pairs, require_safe_commits, storage_options
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,16 @@ class IngestConfig:
     kafka: dict[str, str] = field(default_factory=dict)  # client properties, no "kafka." prefix
     query_name: str = "bronze_ingest"
     writer: str = "source"  # "source": read tasks write the files (fast path); "spark": Spark's writer
+    # storage options given for the table (``--storage-option``); the environment adds the rest
+    storage_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.writer not in WRITERS:
             raise InvalidOptionError(f"writer must be one of {', '.join(WRITERS)}, got {self.writer!r}")
+
+    def storage(self) -> StorageOptions:
+        """The table's storage options: its store's environment variables, then the ones given."""
+        return storage_options(self.table, self.storage_options)
 
     @property
     def available_now(self) -> bool:
@@ -130,7 +137,9 @@ def resolve_initial_offsets(cfg: IngestConfig, checkpoint: QueryCheckpoint) -> O
     planner = KafkaOffsetPlanner(KafkaSourceOptions.parse(cfg.source_options()))
     try:
         tps = planner.partitions()
-        from_table = committed_offsets(open_table(cfg.table), tps) if table_exists(cfg.table) else {}
+        delta_options = cfg.storage().for_delta()
+        from_table = (committed_offsets(open_table(cfg.table, storage_options=delta_options), tps)
+                      if table_exists(cfg.table, delta_options) else {})
         rest = [tp for tp in tps if tp not in from_table]
         initial: Offsets = {}
         if rest:
@@ -158,6 +167,8 @@ class IngestRun:
 
 def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     """Start the bronze ingest query. Raises the source's option/Kafka errors up front."""
+    storage = cfg.storage()
+    require_safe_commits(storage)  # before anything is read or written
     register(spark)
     checkpoint = QueryCheckpoint(cfg.checkpoint)
     for name in checkpoint.discard_interrupted_first_batch():
@@ -165,7 +176,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     options = cfg.source_options()
     KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
     initial = resolve_initial_offsets(cfg, checkpoint)
-    bronze.ensure_bronze_table(cfg.table)
+    bronze.ensure_bronze_table(cfg.table, storage.for_delta())
     if initial is not None:
         options.pop("startingTimestamp", None)
         options["startingOffsets"] = json.dumps(offsets_to_json(initial))
@@ -174,6 +185,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
         cfg.table, bronze.BRONZE, checkpoint,
         prepare=bronze.to_bronze, partition_values=bronze.partition_values,
         stats_columns=bronze.STATS_COLUMNS, file_constants=bronze.file_constants if fast else None,
+        storage=storage,
     )
     if fast:
         if not cfg.min_partitions:  # one evenly loaded read task per core (see streamlake.kafka.source)
@@ -267,7 +279,11 @@ def add_ingest_arguments(parser) -> None:
     parser.add_argument("--topic", help="topic(s) to ingest, comma-separated")
     parser.add_argument("--topic-pattern", help="regex of topics to ingest (instead of --topic)")
     parser.add_argument("--table", required=True, help="bronze Delta table directory")
-    parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory of the query")
+    parser.add_argument("--checkpoint", required=True,
+                        help="Spark checkpoint directory of the query (a local path the driver owns)")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="storage option of an object-store --table, e.g. AWS_ENDPOINT_URL=http://host:9000 "
+                             "or conditional_put=etag (repeatable; AWS_* environment variables are read too)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--available-now", action="store_true",
                       help="ingest everything available at start, in micro-batches, then stop (default)")
@@ -295,7 +311,7 @@ def config_from_args(args) -> IngestConfig:
     if bool(args.topic) == bool(args.topic_pattern):
         raise InvalidOptionError("give exactly one of --topic or --topic-pattern")
     return IngestConfig(
-        table=str(Path(args.table).absolute()),
+        table=normalize(args.table),
         checkpoint=str(Path(args.checkpoint).absolute()),
         topics=tuple(t.strip() for t in (args.topic or "").split(",") if t.strip()),
         pattern=args.topic_pattern,
@@ -308,6 +324,7 @@ def config_from_args(args) -> IngestConfig:
         kafka=parse_kafka_options(args.kafka_option),
         query_name=args.query_name,
         writer=getattr(args, "writer", "source"),
+        storage_options=parse_pairs(getattr(args, "storage_option", [])),
     )
 
 
@@ -328,4 +345,13 @@ def config_to_args(cfg: IngestConfig) -> list[str]:
         args += ["--kafka-option", f"{key}={value}"]
     if cfg.writer != "source":
         args += ["--writer", cfg.writer]
+    for key, value in cfg.storage().public().items():
+        if key in cfg.storage_options:  # the environment's own travel in the environment
+            args += ["--storage-option", f"{key}={value}"]
     return args
+
+
+def secret_environment(cfg: IngestConfig) -> dict[str, str]:
+    """Secret storage options given for the table, as the environment of the job's process:
+    :func:`config_to_args` leaves them out (a command line is visible to every user)."""
+    return StorageOptions(cfg.table, cfg.storage_options).secret_environment()

@@ -1,0 +1,108 @@
+"""A local S3 API server for development and tests (moto's standalone server).
+
+moto 5.2 speaks the S3 REST API, honours conditional writes (``If-None-Match:
+*`` on an existing key fails with ``PreconditionFailed``), which is what
+delta-rs's ``conditional_put=etag`` commits rely on, and keeps objects in
+memory: a restart loses every bucket. It runs from a venv of its own
+(``.venv-s3``, made by ``make setup``): its botocore and the platform's lock
+disagree on python-dateutil. MinIO is the compose file's store
+(``docker-compose.yaml``); a real bucket needs only the storage options.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.request
+from pathlib import Path
+
+from streamlake import config
+from streamlake.platform import procs
+
+SERVICE = "s3"
+DEFAULT_PORT = 19070
+ENV_BINARY = "STREAMLAKE_MOTO_SERVER"
+# moto accepts any credentials; these name the local server's test account.
+LOCAL_ACCESS_KEY_ID = "streamlake-local"
+LOCAL_REGION = "us-east-1"
+
+
+def moto_server_binary() -> Path:
+    """``moto_server`` of the project's ``.venv-s3`` (or ``$STREAMLAKE_MOTO_SERVER``).
+    Raises FileNotFoundError when it is not installed."""
+    path = Path(os.environ.get(ENV_BINARY) or config.project_root() / ".venv-s3" / "bin" / "moto_server")
+    if not path.exists():
+        raise FileNotFoundError(f"local S3 server not found at {path}: run `make setup`")
+    return path
+
+
+def endpoint(port: int = DEFAULT_PORT) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/", timeout=1) as response:
+            return response.status < 500
+    except OSError:
+        return False
+
+
+def start(port: int = DEFAULT_PORT) -> dict:
+    """Start the server on 127.0.0.1:``port`` (idempotent). Returns its status.
+
+    Raises RuntimeError if the port is taken by something else or the server does
+    not answer within 30 s."""
+    running = status()
+    if running["running"]:
+        if running["port"] != port:
+            raise RuntimeError(f"the local S3 server already runs on port {running['port']}; stop it first")
+        return {**running, "already_running": True}
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            raise RuntimeError(f"port {port} is already in use by another program")
+    except OSError:
+        pass
+    url = endpoint(port)
+    procs.start(SERVICE, [str(moto_server_binary()), "-H", "127.0.0.1", "-p", str(port)],
+                info={"port": port, "endpoint": url})
+    try:
+        procs.wait_for(lambda: _answers(url), timeout=30, what=f"the local S3 server on {url}")
+    except TimeoutError as exc:
+        procs.stop(SERVICE)
+        raise RuntimeError(f"{exc}; see {config.log_dir() / (SERVICE + '.log')}") from None
+    return {**status(), "already_running": False}
+
+
+def stop() -> bool:
+    """Stop the server (its buckets are lost: memory only). False if it was not running."""
+    return procs.stop(SERVICE)
+
+
+def status() -> dict:
+    state = procs.status(SERVICE)
+    if state is None:
+        return {"running": False, "port": None, "endpoint": None, "pid": None}
+    return {"running": True, "port": state.info["port"], "endpoint": state.info["endpoint"], "pid": state.pid,
+            "answers": _answers(state.info["endpoint"]), "log": state.log}
+
+
+def local_options(port: int = DEFAULT_PORT, secret: str = "streamlake-local-secret") -> dict[str, str]:
+    """Storage options for the local server: endpoint, region, plain HTTP, and
+    conditional-put commits (the server honours ``If-None-Match``)."""
+    return {"AWS_ENDPOINT_URL": endpoint(port), "AWS_REGION": LOCAL_REGION, "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": LOCAL_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": secret,
+            "conditional_put": "etag"}
+
+
+def create_bucket(uri: str, options) -> None:
+    """Create the bucket of ``uri`` (``s3://bucket/...``) if it does not exist."""
+    from urllib.parse import urlsplit
+
+    import pyarrow.fs as pafs
+
+    from streamlake.storage.location import arrow_filesystem, storage_options
+
+    fs, bucket = arrow_filesystem(storage_options(f"s3://{urlsplit(uri).netloc}", options), create_buckets=True)
+    if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        fs.create_dir(bucket)

@@ -1,0 +1,307 @@
+"""The lake on S3: bronze ingest to an ``s3://`` table on a real S3 API server.
+
+The server is moto's standalone server (``.venv-s3``, started and stopped like the
+broker), which honours ``If-None-Match`` conditional writes: the commits below go
+through delta-rs's ``conditional_put=etag`` mode against it, over HTTP. The jobs
+are real ``streamlake ingest`` -> spark-submit process trees; the records are
+produced one at a time while they run. What the tests expect is computed from what
+they produced and from the objects they read back themselves with pyarrow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamlake.errors import StorageOptionError, UnsafeStoreError
+from streamlake.storage.location import (
+    StorageOptions,
+    arrow_filesystem,
+    join,
+    normalize,
+    redact,
+    require_safe_commits,
+    storage_options,
+)
+
+STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
+ACCESS_KEY_ID = "AKIASTREAMLAKETEST01"
+
+
+# -- options, secrets and the commit-safety rule (no server) ---------------------------------------
+
+@pytest.mark.fast
+def test_storage_options_come_from_the_environment_then_flags_and_secrets_never_print():
+    env = {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "env-secret-value", "AWS_ACCESS_KEY_ID": "AKIA1",
+           "GOOGLE_SERVICE_ACCOUNT": "not-for-s3", "HOME": "/root"}
+    opts = storage_options("s3://bucket/lake/", ["AWS_REGION=us-east-2", "conditional_put=etag"], env=env)
+    assert opts.uri == "s3://bucket/lake"
+    assert dict(opts) == {"AWS_REGION": "us-east-2", "AWS_SECRET_ACCESS_KEY": "env-secret-value",
+                          "AWS_ACCESS_KEY_ID": "AKIA1", "conditional_put": "etag"}
+    for text in (repr(opts), str(opts), json.dumps(opts.redacted()), json.dumps(opts.public())):
+        assert "env-secret-value" not in text and "AKIA1" not in text, text
+    assert opts.public() == {"AWS_REGION": "us-east-2", "conditional_put": "etag"}
+    assert opts.secret_environment() == {"AWS_SECRET_ACCESS_KEY": "env-secret-value", "AWS_ACCESS_KEY_ID": "AKIA1"}
+    assert redact("failed with key env-secret-value for AKIA1", opts) == "failed with key *** for ***"
+    # GCS reads its own family's variables, not AWS's.
+    assert dict(storage_options("gs://b/p", env=env)) == {"GOOGLE_SERVICE_ACCOUNT": "not-for-s3"}
+
+    with pytest.raises(StorageOptionError, match="KEY=VALUE"):
+        storage_options("s3://b/p", ["no-equals-sign"])
+    with pytest.raises(StorageOptionError, match="local filesystem"):
+        storage_options("/tmp/lake", ["AWS_REGION=x"])
+    with pytest.raises(StorageOptionError, match="unsupported lake URI scheme 'hdfs'"):
+        normalize("hdfs://nn/lake")
+    assert join("s3://b/lake/", "bronze", "_delta_log") == "s3://b/lake/bronze/_delta_log"
+    assert join("file:///tmp/lake", "bronze") == "/tmp/lake/bronze"
+
+
+@pytest.mark.fast
+def test_the_ingest_job_gets_secrets_through_its_environment_never_its_command_line():
+    import argparse
+
+    from streamlake.pipeline.ingest import IngestConfig, add_ingest_arguments, config_from_args, config_to_args
+    from streamlake.pipeline.ingest import secret_environment
+
+    given = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "conditional_put": "etag",
+             "aws_secret_access_key": "s3cr3t-value", "AWS_SESSION_TOKEN": "t0ken-value"}
+    cfg = IngestConfig(table="s3://b/lake/bronze", checkpoint="/tmp/ck", topics=("t",), storage_options=given)
+    args = config_to_args(cfg)
+    assert not any("s3cr3t-value" in a or "t0ken-value" in a for a in args), args
+    assert secret_environment(cfg) == {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value", "AWS_SESSION_TOKEN": "t0ken-value"}
+    parser = argparse.ArgumentParser()
+    add_ingest_arguments(parser)
+    back = config_from_args(parser.parse_args(args))
+    assert back.table == "s3://b/lake/bronze"
+    assert back.storage_options == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "conditional_put": "etag"}
+    # The job's process has the secrets in its environment: its options are complete again.
+    env = {**secret_environment(cfg)}
+    assert storage_options(back.table, back.storage_options, env=env).get_any("AWS_SECRET_ACCESS_KEY") == "s3cr3t-value"
+
+
+@pytest.mark.fast
+def test_s3_commits_must_be_safe_or_declared_single_writer():
+    with pytest.raises(UnsafeStoreError, match="conditional_put=etag") as refused:
+        require_safe_commits(StorageOptions("s3://b/t", {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}))
+    assert "s3cr3t-value" not in str(refused.value)
+    for safe in ({"conditional_put": "etag"}, {"AWS_CONDITIONAL_PUT": "etag"},
+                 {"AWS_S3_LOCKING_PROVIDER": "dynamodb"}, {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}):
+        require_safe_commits(StorageOptions("s3://b/t", safe))
+    # Local disks, GCS and Azure have an atomic put-if-absent.
+    for uri in ("/tmp/t", "gs://b/t", "abfss://c@a.dfs.core.windows.net/t"):
+        require_safe_commits(StorageOptions(uri, {}))
+
+
+# -- on the local S3 server -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def s3(broker):
+    """The local S3 server with a bucket ``lake``; options as a user passes them. The
+    secret is unique to the run, so a grep for it finds only leaks."""
+    from conftest import _free_port
+    from streamlake.platform import object_store
+
+    port = _free_port()
+    object_store.start(port)
+    options = object_store.local_options(port, secret=f"test-secret-{uuid.uuid4().hex}")
+    options["AWS_ACCESS_KEY_ID"] = ACCESS_KEY_ID
+    object_store.create_bucket("s3://lake", options)
+    yield options
+    object_store.stop()
+
+
+def storage_flags(options: dict) -> list[str]:
+    return [arg for k, v in options.items() for arg in ("--storage-option", f"{k}={v}")]
+
+
+def cli(*args, env=None, wait=True, timeout=300):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.Popen([STREAMLAKE, *args], env={**clean, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if not wait:
+        return proc
+    return finish(proc, timeout)
+
+
+def finish(proc, timeout: float) -> tuple[int, str]:
+    """Wait for a CLI process; on timeout kill its process tree and fail with its output."""
+    from streamlake.platform.procs import kill_tree
+
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid, proc.pid, timeout=5)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{proc.args[1]} did not finish in {timeout:g}s:\n{out[-4000:]}") from None
+    return proc.returncode, out
+
+
+def objects(options: dict, uri: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    fs, path = arrow_filesystem(storage_options(uri, options, env={}))
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    return [f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File]
+
+
+def table_rows(options: dict, uri: str) -> pa.Table:
+    """The table's snapshot read back by the test itself: delta-rs for the file list,
+    pyarrow on the S3 filesystem for the rows."""
+    from deltalake import DeltaTable
+
+    opts = storage_options(uri, options, env={})
+    fs, _ = arrow_filesystem(opts)
+    files = [u.split("://", 1)[1] for u in DeltaTable(uri, storage_options=dict(opts)).file_uris()]
+    parts = [pq.read_table(f, filesystem=fs, columns=["partition", "offset", "value"]) for f in files]
+    return pa.concat_tables(parts) if parts else pa.table({"partition": [], "offset": [], "value": []})
+
+
+def assert_each_record_once(options: dict, uri: str, producer) -> None:
+    rows = table_rows(options, uri)
+    keys = list(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist()))
+    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} records are in the table twice"
+    expected = {producer.lineage[r.seq]: r.value for r in producer.records if r.seq in producer.lineage}
+    got = dict(zip(keys, rows.column("value").to_pylist()))
+    assert got.keys() == expected.keys(), (f"missing {len(expected.keys() - got.keys())}, "
+                                          f"unexpected {len(got.keys() - expected.keys())}")
+    assert all(got[k] == v for k, v in expected.items()), "a record's value differs from what was produced"
+
+
+def wait_for_version(options: dict, uri: str, version: int, proc, timeout_s: float = 180) -> None:
+    from deltalake import DeltaTable
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended early:\n{proc.stdout.read()[-3000:]}")
+        try:
+            if DeltaTable(uri, storage_options=options).version() >= version:
+                return
+        except Exception:  # noqa: BLE001 - not created yet
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{uri} did not reach version {version} in {timeout_s:g}s")
+
+
+def assert_no_secret(options: dict, *texts: str, paths=()) -> None:
+    secrets = [options["AWS_SECRET_ACCESS_KEY"], ACCESS_KEY_ID]
+    for text in texts:
+        assert not any(s in text for s in secrets), "a credential was printed"
+    for root in paths:
+        for f in Path(root).rglob("*"):
+            if f.is_file():
+                data = f.read_bytes()
+                assert not any(s.encode() in data for s in secrets), f"a credential is stored in {f}"
+
+
+@pytest.mark.slow
+def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost_checkpoint(
+        s3, live_producer, topic_name, tmp_path):
+    table = f"s3://lake/{topic_name}/bronze"
+    checkpoint = str(tmp_path / "checkpoint")  # the driver's own disk; the table is all that must survive
+    producer = live_producer(topic_name, partitions=3, rate=60, count=1500, seed=7,
+                             duplicate_fraction=0.05, malformed_fraction=0.05, late_fraction=0.1)
+    common = ["ingest", "--topic", topic_name, "--table", table, "--checkpoint", checkpoint, "--master", "local[2]"]
+
+    # A continuous job, killed with SIGKILL right after its third commit (before Spark records it).
+    job = cli(*common, "--processing-time", "1", *storage_flags(s3),
+              env={"STREAMLAKE_CRASH_AT": "after_commit:2"}, wait=False)
+    _, out1 = finish(job, 240)
+    assert job.returncode == 128 + 9, f"the job should have been SIGKILLed after a commit:\n{out1[-3000:]}"
+    assert producer.running, "the kill should happen while records are still being produced"
+
+    # The driver's disk is lost: the restart has only the table's commits to go on.
+    shutil.rmtree(checkpoint)
+    producer.wait_delivered(1500, timeout_s=120)
+    producer.stop()
+    code, out2 = cli(*common, "--available-now", *storage_flags(s3))
+    assert code == 0, out2[-3000:]
+    assert_each_record_once(s3, table, producer)
+
+    code, audit = cli("audit", "--topic", topic_name, "--table", table, *storage_flags(s3), timeout=120)
+    assert code == 0, audit[-3000:]
+    assert json.loads(audit[:audit.rindex("}") + 1])["table_rows"] == 1500
+
+    # No credential in what the jobs printed, the driver's checkpoint, the platform's logs,
+    # or any object of the table (its Delta log included).
+    assert_no_secret(s3, out1, out2, audit, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+    opts = storage_options(table, s3, env={})
+    fs, _ = arrow_filesystem(opts)
+    for key in objects(s3, table):
+        if "/_delta_log/" in key:
+            with fs.open_input_stream(key) as fh:
+                assert_no_secret(s3, fh.read().decode())
+
+
+@pytest.mark.slow
+def test_two_ingest_jobs_race_on_one_s3_table_and_each_version_has_one_winner(s3, live_producer, topic_name,
+                                                                              tmp_path):
+    from deltalake import DeltaTable
+
+    table = f"s3://lake/{topic_name}/raced"
+    producer = live_producer(topic_name, partitions=3, rate=100, count=2400, seed=11)
+    jobs = [cli("ingest", "--topic", topic_name, "--table", table, "--checkpoint", str(tmp_path / f"ck{i}"),
+                "--master", "local[1]", "--processing-time", "0.5", "--query-name", f"racer{i}",
+                *storage_flags(s3), wait=False) for i in (1, 2)]
+    producer.wait_delivered(2400, timeout_s=120)
+    producer.stop()
+    opts = dict(storage_options(table, s3, env={}))
+
+    def rows_committed() -> int:
+        return len(table_rows(s3, table)) if DeltaTable.is_deltatable(table, storage_options=opts) else 0
+
+    # Both keep committing until the table holds every produced record; then Ctrl-C asks each
+    # to stop at its next micro-batch boundary.
+    deadline = time.monotonic() + 240
+    while rows_committed() < 2400:
+        assert time.monotonic() < deadline, "the racing jobs did not ingest every record in 4 minutes"
+        ended = [job.stdout.read()[-2000:] for job in jobs if job.poll() is not None]
+        assert not ended, ended
+        time.sleep(1)
+    for job in jobs:
+        job.send_signal(signal.SIGINT)
+    outputs = [finish(job, 120)[1] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], [out[-2000:] for out in outputs]
+    assert_each_record_once(s3, table, producer)
+
+    # One winner per version: in version order, every commit moves each partition it names
+    # strictly forward, so no two commits (of either job) ever claimed the same records.
+    history = sorted((h for h in DeltaTable(table, storage_options=opts).history() if "streamlake" in h),
+                     key=lambda h: h["version"])
+    reached: dict[tuple[str, str], int] = {}
+    for h in history:
+        for topic, parts in h["streamlake"]["endOffsets"].items():
+            for p, end in parts.items():
+                assert end > reached.get((topic, p), -1), f"version {h['version']} did not move {topic}-{p} forward"
+                reached[(topic, p)] = end
+    assert sum(reached.values()) == 2400
+    writers = {h["streamlake"]["queryId"] for h in history}
+    lost = sum(out.count("lost to a concurrent commit") for out in outputs)
+    print(f"{len(writers)} writers committed {len(history)} versions; {lost} attempts lost a race and re-planned")
+    assert_no_secret(s3, *outputs)
+
+
+@pytest.mark.slow
+def test_an_s3_table_without_a_safe_commit_is_refused_before_anything_is_written(s3, produce, topic_name,
+                                                                                   tmp_path):
+    produce(topic_name, 50, partitions=1, seed=3)
+    table = f"s3://lake/{topic_name}/unsafe"
+    unsafe = {k: v for k, v in s3.items() if k != "conditional_put"}
+    code, out = cli("ingest", "--topic", topic_name, "--table", table, "--checkpoint", str(tmp_path / "ck"),
+                    "--available-now", "--master", "local[1]", env=unsafe)  # credentials in the environment
+    assert code == 2, out[-3000:]
+    assert "UnsafeStoreError" in out and "conditional_put=etag" in out and "AWS_S3_ALLOW_UNSAFE_RENAME" in out
+    assert objects(s3, table) == [], "nothing may be written to a store the job refused"
+    assert_no_secret(s3, out)
