@@ -121,6 +121,29 @@ def s3(broker):
     object_store.stop()
 
 
+def test_the_s3_command_starts_the_local_server_with_a_bucket_and_stops_it(tmp_path):
+    from conftest import _free_port
+
+    port = _free_port()
+    env = {"STREAMLAKE_HOME": str(tmp_path / "home")}  # a home of its own: the module's server is untouched
+    code, out = cli("s3", "start", "--port", str(port), "--bucket", "scratch", env=env, timeout=60)
+    try:
+        assert code == 0, out
+        assert f"http://127.0.0.1:{port}" in out and "bucket s3://scratch ready" in out
+        assert "conditional_put=etag" in out
+        code, status = cli("s3", "status", env=env, timeout=30)
+        assert code == 0 and json.loads(status)["answers"] is True, status
+        import pyarrow.fs as pafs
+        from streamlake.platform.object_store import local_options
+
+        fs, bucket = arrow_filesystem(storage_options("s3://scratch", local_options(port), env={}))
+        assert fs.get_file_info(bucket).type == pafs.FileType.Directory
+    finally:
+        code, out = cli("s3", "stop", env=env, timeout=30)
+    assert code == 0 and "stopped" in out, out
+    assert cli("s3", "status", env=env, timeout=30)[0] == 1
+
+
 def storage_flags(options: dict) -> list[str]:
     return [arg for k, v in options.items() for arg in ("--storage-option", f"{k}={v}")]
 

@@ -35,7 +35,7 @@ import sys
 from streamlake import logs
 from streamlake.errors import StreamLakeError
 
-GROUPS = ("kafka", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "services")
+GROUPS = ("kafka", "object_store", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "services")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -178,7 +178,7 @@ def cmd_stop(args) -> int:
         return 0
     # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
     def rank(name: str) -> int:
-        return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "kafka": 4}.get(
+        return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "kafka": 4, "s3": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
     for state in sorted(running, key=lambda s: rank(s.name)):

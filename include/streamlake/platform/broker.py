@@ -9,7 +9,6 @@ exercise, are listed in DESIGN.md. Production uses real Kafka: set
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from streamlake import config
@@ -25,14 +24,6 @@ def tansu_binary() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"embedded broker binary not found at {path}: run `make setup`")
     return path
-
-
-def _accepts_connections(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _answers_metadata(bootstrap: str) -> bool:
@@ -64,7 +55,7 @@ def start(port: int = config.DEFAULT_BROKER_PORT) -> dict:
         if running["port"] != port:
             raise RuntimeError(f"the embedded broker already runs on port {running['port']}; stop it first")
         return {**running, "already_running": True}
-    if _accepts_connections(port):
+    if procs.accepts_connections(port):
         raise RuntimeError(f"port {port} is already in use by another program")
     address = f"tcp://127.0.0.1:{port}"
     bootstrap = f"127.0.0.1:{port}"

@@ -12,7 +12,6 @@ disagree on python-dateutil. MinIO is the compose file's store
 from __future__ import annotations
 
 import os
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -58,11 +57,8 @@ def start(port: int = DEFAULT_PORT) -> dict:
         if running["port"] != port:
             raise RuntimeError(f"the local S3 server already runs on port {running['port']}; stop it first")
         return {**running, "already_running": True}
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            raise RuntimeError(f"port {port} is already in use by another program")
-    except OSError:
-        pass
+    if procs.accepts_connections(port):
+        raise RuntimeError(f"port {port} is already in use by another program")
     url = endpoint(port)
     procs.start(SERVICE, [str(moto_server_binary()), "-H", "127.0.0.1", "-p", str(port)],
                 info={"port": port, "endpoint": url})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -130,3 +131,12 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
             return
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def accepts_connections(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (a port a service would collide with)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
