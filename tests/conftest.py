@@ -36,6 +36,11 @@ os.environ.pop("AIRFLOW_HOME", None)
 from streamlake.platform.airflow import airflow_env  # noqa: E402
 
 os.environ.update({k: v for k, v in airflow_env().items() if k.startswith("AIRFLOW")})
+# Credentials of the local S3 server (tests/test_object_storage.py; it accepts any), set before
+# the session's Spark starts: executors and Spark's Python planner read them from their
+# environment, as on a real cluster. CLI runs in that file get their own (unique) ones.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "streamlake-local")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "streamlake-local-secret")
 
 
 def _free_port() -> int:

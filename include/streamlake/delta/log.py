@@ -76,7 +76,10 @@ class DataFile:
     partition_values: tuple[tuple[str, Any], ...] = ()
 
     def location(self, root: str) -> str:
-        return self.path if os.path.isabs(self.path) else os.path.join(root, self.path)
+        """Where the file is: an absolute path or URI as the log has it, else under ``root``."""
+        if os.path.isabs(self.path) or "://" in self.path:
+            return self.path
+        return f"{root}/{self.path}" if "://" in root else os.path.join(root, self.path)
 
 
 @dataclass(frozen=True)
@@ -136,19 +139,38 @@ class ScanSettings:
 
 
 def table_root(path: str | os.PathLike) -> str:
-    """Absolute local path of a table given as a path or ``file://`` URI."""
-    raw = os.fspath(path)
-    if raw.startswith("file://"):
-        raw = unquote(raw[len("file://"):])
-    elif "://" in raw:
-        raise UnsupportedTableError(
-            f"streamlake-delta reads tables on the local filesystem or a shared mount; got {raw!r}"
-        )
-    return os.path.abspath(raw)
+    """A table's root: an absolute local path (given as a path or ``file://`` URI), or an
+    object-store URI (``s3://``, ``gs://``, ``abfss://``) as given."""
+    from streamlake.errors import StorageOptionError
+    from streamlake.storage.location import normalize
+
+    try:
+        return normalize(path)
+    except StorageOptionError as exc:
+        raise UnsupportedTableError(f"streamlake-delta cannot read {os.fspath(path)!r}: {exc}") from None
 
 
 def commit_file(root: str, version: int) -> str:
-    return os.path.join(root, "_delta_log", f"{version:020d}.json")
+    name = f"{version:020d}.json"
+    return f"{root}/_delta_log/{name}" if "://" in root else os.path.join(root, "_delta_log", name)
+
+
+def store_path(uri: str) -> str:
+    """An object-store URI -> the path in its pyarrow filesystem (``bucket/key``)."""
+    return unquote(uri.split("://", 1)[1])
+
+
+def read_object(fs, path: str) -> bytes:
+    """The bytes of ``path`` in an object store's filesystem; FileNotFoundError if absent."""
+    import pyarrow.fs as pafs
+
+    try:
+        with fs.open_input_stream(path) as fh:
+            return fh.read()
+    except OSError:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(path) from None
+        raise
 
 
 def _relative_path(raw: str) -> str:
@@ -251,9 +273,13 @@ class DeltaLog:
     """One table's log as the source reads it. Caches parsed commits and snapshots;
     everything it caches is immutable once committed."""
 
-    def __init__(self, path: str | os.PathLike, schema=None):
+    def __init__(self, path: str | os.PathLike, schema=None, storage: dict[str, str] | None = None):
+        from streamlake.storage.location import storage_options
+
         self.root = table_root(path)
         self.schema = schema
+        self.storage = storage_options(self.root, storage or {})  # an object store's: the environment's + these
+        self._fs = None
         self._table = None
         self._commits: OrderedDict[int, Commit | None] = OrderedDict()
         self._snapshots: dict[int, tuple[DataFile, ...]] = {}
@@ -268,13 +294,13 @@ class DeltaLog:
             from deltalake import DeltaTable
             from deltalake.exceptions import TableNotFoundError
 
-            if not os.path.isdir(os.path.join(self.root, "_delta_log")):
+            if not self._is_dir(f"{self.root}/_delta_log"):
                 raise DeltaTableNotFoundError(
                     f"no Delta table at {self.root} (no _delta_log directory): check the path given to "
                     "readStream.format('streamlake-delta').load(path)"
                 )
             try:
-                self._table = DeltaTable(self.root)
+                self._table = DeltaTable(self.root, storage_options=self.storage.for_delta())
             except TableNotFoundError as exc:
                 raise DeltaTableNotFoundError(f"no Delta table at {self.root}: {exc}") from None
         return self._table
@@ -338,8 +364,7 @@ class DeltaLog:
             self._commits.move_to_end(version)
             return self._commits[version]
         try:
-            with open(commit_file(self.root, version), encoding="utf-8") as fh:
-                lines = fh.readlines()
+            lines = self._read(commit_file(self.root, version)).decode("utf-8").splitlines(keepends=True)
         except FileNotFoundError:
             return None  # not cached: it may appear (a future version)
         commit = parse_commit(version, lines, self.partition_types)
@@ -353,8 +378,7 @@ class DeltaLog:
     def _is_restore(self, version: int) -> None:
         """Index ``version`` for restore look-ahead without parsing ordinary commits."""
         try:
-            with open(commit_file(self.root, version), "rb") as fh:
-                raw = fh.read()
+            raw = self._read(commit_file(self.root, version))
         except FileNotFoundError:
             return
         if b'"RESTORE"' in raw:
@@ -390,7 +414,7 @@ class DeltaLog:
         from deltalake import DeltaTable
 
         try:
-            table = DeltaTable(self.root, version=version)
+            table = DeltaTable(self.root, version=version, storage_options=self.storage.for_delta())
         except Exception as exc:  # noqa: BLE001 - delta-rs raises DeltaError/OSError/...
             raise DataLossError(
                 f"version {version} of {self.root} can no longer be loaded ({exc}); its log was "
@@ -411,7 +435,35 @@ class DeltaLog:
         return self._snapshots[version]
 
     def exists(self, file: DataFile) -> bool:
-        return os.path.exists(file.location(self.root))
+        if self.filesystem is None:
+            return os.path.exists(file.location(self.root))
+        import pyarrow.fs as pafs
+
+        return self.filesystem.get_file_info(store_path(file.location(self.root))).type != pafs.FileType.NotFound
+
+    # -- the store ---------------------------------------------------------------------
+    @property
+    def filesystem(self):
+        """The pyarrow filesystem of a table on an object store; None on the local one."""
+        if self._fs is None and "://" in self.root:
+            from streamlake.storage.location import arrow_filesystem
+
+            self._fs = arrow_filesystem(self.storage)[0]
+        return self._fs
+
+    def _is_dir(self, path: str) -> bool:
+        if self.filesystem is None:
+            return os.path.isdir(path)
+        import pyarrow.fs as pafs
+
+        return self.filesystem.get_file_info(store_path(path)).type == pafs.FileType.Directory
+
+    def _read(self, path: str) -> bytes:
+        """The bytes of a log file. Raises FileNotFoundError if it does not exist."""
+        if self.filesystem is None:
+            with open(path, "rb") as fh:
+                return fh.read()
+        return read_object(self.filesystem, store_path(path))
 
     # -- the walk --------------------------------------------------------------------
     def _missing_file(self, version: int, file: DataFile) -> DataLossError:

@@ -45,6 +45,11 @@ Options (names as in delta-spark; unknown options are an error):
     a full offset (the JSON below): a new query starts exactly there, also inside
     a version or a snapshot. The pipeline resumes a stage whose checkpoint was
     lost from the position its own Delta commits recorded.
+``storage.<KEY>`` (StreamLake)
+    a storage option of a table on an object store (``s3://...``), such as
+    ``storage.AWS_ENDPOINT_URL``; the driver and every task also read the
+    store's environment variables (``AWS_*``), which is where credentials go:
+    a secret given as an option is refused (options show in query plans).
 ``includeCommitVersion`` (StreamLake, default false)
     add a ``_commit_version`` column: the version whose commit added the row's
     file (for rows of a starting snapshot, the snapshot's version), as Delta's
@@ -115,7 +120,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -137,6 +142,7 @@ from streamlake.delta.log import (
     table_root,
 )
 from streamlake.errors import DataLossError, InvalidOptionError, StreamLakeError
+from streamlake.storage.location import is_secret
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +366,7 @@ class DeltaSourceOptions:
     min_partitions: int | None = None
     starting_offset: DeltaSourceOffset | None = None
     include_commit_version: bool = False
+    storage: dict[str, str] = field(default_factory=dict)  # storage options without secrets
 
     @property
     def settings(self) -> ScanSettings:
@@ -375,7 +382,7 @@ class DeltaSourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> DeltaSourceOptions:
         opts = {str(k).lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if k not in _KNOWN_OPTIONS)
+        unknown = sorted(k for k in opts if k not in _KNOWN_OPTIONS and not k.startswith("storage."))
         if unknown:
             raise InvalidOptionError(
                 f"unknown option(s) {', '.join(unknown)} for format {FORMAT!r}; known: path, "
@@ -406,6 +413,11 @@ class DeltaSourceOptions:
         if sum(x is not None for x in (raw, ts, offset)) > 1:
             raise InvalidOptionError("give at most one of startingVersion, startingTimestamp and startingOffset")
         max_bytes = opts.get("maxbytespertrigger")
+        storage = {str(k)[len("storage."):]: str(v) for k, v in options.items() if str(k).lower().startswith("storage.")}
+        secret = sorted(k for k in storage if is_secret(k))
+        if secret:
+            raise InvalidOptionError(f"storage option(s) {', '.join(secret)} hold credentials: set them as environment "
+                                     "variables of the driver and the executors, not as source options")
         return cls(
             path=table_root(str(path).strip()),
             starting_version=starting,
@@ -418,6 +430,7 @@ class DeltaSourceOptions:
             min_partitions=_positive_int(opts, "minPartitions"),
             starting_offset=DeltaSourceOffset.from_json(offset) if offset is not None else None,
             include_commit_version=_bool(opts, "includeCommitVersion", False),
+            storage=storage,
         )
 
 
@@ -468,27 +481,34 @@ def group_files(files: Sequence[DataFile], min_partitions: int,
 class DeltaInputPartition(InputPartition):
     """One Spark task: some data files of the table (with the version that added each), in order."""
 
-    def __init__(self, root: str, files: Sequence[DataFile], versions: Sequence[int] = ()):
+    def __init__(self, root: str, files: Sequence[DataFile], versions: Sequence[int] = (),
+                 storage: Mapping[str, str] | None = None):
         super().__init__(len(files))
         self.root = root
         self.files = tuple(files)
         self.versions = tuple(versions)
+        self.storage = dict(storage or {})  # without secrets: a task reads those from its environment
 
 
 def read_files(root: str, files: Sequence[DataFile], schema, fail_on_data_loss: bool = True,
-               versions: Sequence[int] = ()) -> Iterator:
+               versions: Sequence[int] = (), storage: Mapping[str, str] | None = None) -> Iterator:
     """Executor side: the rows of ``files`` as pyarrow RecordBatches in ``schema`` (a Spark
     StructType), partition columns filled from the files' partition values and, when the
-    schema has it, ``_commit_version`` from ``versions`` (one per file)."""
+    schema has it, ``_commit_version`` from ``versions`` (one per file). A table on an
+    object store is read with ``storage`` plus the task's environment (credentials)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    from streamlake.delta.log import store_path
+    from streamlake.storage.location import arrow_filesystem, storage_options
+
     target = to_arrow_schema(schema, timezone="UTC")
+    fs = arrow_filesystem(storage_options(root, storage or {}))[0] if "://" in root else None
     for number, file in enumerate(files):
         path = file.location(root)
         try:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(path) if fs is None else pq.ParquetFile(fs.open_input_file(store_path(path)))
         except FileNotFoundError:
             message = (f"{root}: file {file.path} no longer exists (removed by VACUUM?). Set "
                        "failOnDataLoss=false to skip lost files")
@@ -538,7 +558,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def delta_log(self) -> DeltaLog:
         if self._log is None:
-            self._log = DeltaLog(self.options.path, self.schema)
+            self._log = DeltaLog(self.options.path, self.schema, self.options.storage)
         return self._log
 
     def _offset(self, raw, what: str) -> DeltaSourceOffset:
@@ -662,11 +682,12 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         version_of = {id(f): v for f, v in versioned}
         min_partitions = self.options.min_partitions or os.cpu_count() or 1
         groups = group_files([f for f, _ in versioned], min_partitions) or [[]]
-        return [DeltaInputPartition(self.options.path, g, [version_of[id(f)] for f in g]) for g in groups]
+        return [DeltaInputPartition(self.options.path, g, [version_of[id(f)] for f in g], self.options.storage)
+                for g in groups]
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_files(partition.root, partition.files, self.schema, self.options.fail_on_data_loss,
-                          partition.versions)
+                          partition.versions, partition.storage)
 
     def commit(self, end: dict) -> None:
         # Nothing to acknowledge: positions live in Spark's offset log (and in the
@@ -688,7 +709,7 @@ class DeltaDataSource(DataSource):
         from pyspark.sql.types import LongType, StructField
 
         options = DeltaSourceOptions.parse(self.options)
-        dl = DeltaLog(options.path)
+        dl = DeltaLog(options.path, storage=options.storage)
         dl.check_readable()
         schema = dl.spark_schema()
         if options.include_commit_version:
@@ -697,7 +718,7 @@ class DeltaDataSource(DataSource):
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         options = DeltaSourceOptions.parse(self.options)
-        DeltaLog(options.path).check_readable()  # wrong path: fail when the query starts
+        DeltaLog(options.path, storage=options.storage).check_readable()  # wrong path: fail when the query starts
         return DeltaStreamReader(options, schema)
 
 
