@@ -59,16 +59,12 @@ def start(port: int = config.DEFAULT_BROKER_PORT) -> dict:
         raise RuntimeError(f"port {port} is already in use by another program")
     address = f"tcp://127.0.0.1:{port}"
     bootstrap = f"127.0.0.1:{port}"
-    procs.start(SERVICE, [
+    procs.start_until_ready(SERVICE, [
         str(tansu_binary()), "broker",
         "--listener-url", address, "--advertised-listener-url", address,
         "--storage-engine", "memory://tansu/",
-    ], info={"port": port, "bootstrap": bootstrap})
-    try:
-        procs.wait_for(lambda: _answers_metadata(bootstrap), timeout=10, what=f"the broker on {bootstrap}")
-    except TimeoutError as exc:
-        procs.stop(SERVICE)
-        raise RuntimeError(f"{exc}; see {config.log_dir() / 'kafka.log'}") from None
+    ], lambda: _answers_metadata(bootstrap), 10, f"the broker on {bootstrap}",
+        info={"port": port, "bootstrap": bootstrap})
     return {**status(), "already_running": False}
 
 

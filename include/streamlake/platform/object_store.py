@@ -60,13 +60,9 @@ def start(port: int = DEFAULT_PORT) -> dict:
     if procs.accepts_connections(port):
         raise RuntimeError(f"port {port} is already in use by another program")
     url = endpoint(port)
-    procs.start(SERVICE, [str(moto_server_binary()), "-H", "127.0.0.1", "-p", str(port)],
-                info={"port": port, "endpoint": url})
-    try:
-        procs.wait_for(lambda: _answers(url), timeout=30, what=f"the local S3 server on {url}")
-    except TimeoutError as exc:
-        procs.stop(SERVICE)
-        raise RuntimeError(f"{exc}; see {config.log_dir() / (SERVICE + '.log')}") from None
+    procs.start_until_ready(SERVICE, [str(moto_server_binary()), "-H", "127.0.0.1", "-p", str(port)],
+                            lambda: _answers(url), 30, f"the local S3 server on {url}",
+                            info={"port": port, "endpoint": url})
     return {**status(), "already_running": False}
 
 

@@ -87,6 +87,21 @@ def start(name: str, cmd: Sequence[str], env: Mapping[str, str] | None = None,
     return state
 
 
+def start_until_ready(name: str, cmd: Sequence[str], ready, timeout: float, what: str,
+                      info: Mapping | None = None, env: Mapping[str, str] | None = None) -> ServiceState:
+    """Start service ``name`` (see :func:`start`) and wait until ``ready()`` is true.
+
+    Raises RuntimeError naming the service's log when it is not ready within ``timeout``
+    seconds; the service is stopped then."""
+    state = start(name, cmd, env=env, info=info)
+    try:
+        wait_for(ready, timeout=timeout, what=what)
+    except TimeoutError as exc:
+        stop(name)
+        raise RuntimeError(f"{exc}; see {state.log}") from None
+    return state
+
+
 def kill_tree(pid: int, pgid: int | None = None, timeout: float = 10.0) -> None:
     """SIGTERM a process group and its descendants, SIGKILL what is left after ``timeout``."""
     try:
