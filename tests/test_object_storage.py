@@ -179,6 +179,19 @@ def objects(options: dict, uri: str) -> list[str]:
     return [f.path for f in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if f.type == pafs.FileType.File]
 
 
+def data_objects(options: dict, uri: str) -> set[str]:
+    """Parquet objects under the table (``bucket/key``), referenced or not."""
+    return {k for k in objects(options, uri) if k.endswith(".parquet")}
+
+
+def snapshot_objects(options: dict, uri: str) -> set[str]:
+    """The objects the table's latest snapshot references (``bucket/key``)."""
+    from deltalake import DeltaTable
+
+    return {u.split("://", 1)[1] for u in
+            DeltaTable(uri, storage_options=dict(storage_options(uri, options, env={}))).file_uris()}
+
+
 def table_rows(options: dict, uri: str) -> pa.Table:
     """The table's snapshot read back by the test itself: delta-rs for the file list,
     pyarrow on the S3 filesystem for the rows."""
@@ -238,12 +251,15 @@ def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost
                              duplicate_fraction=0.05, malformed_fraction=0.05, late_fraction=0.1)
     common = ["ingest", "--topic", topic_name, "--table", table, "--checkpoint", checkpoint, "--master", "local[2]"]
 
-    # A continuous job, killed with SIGKILL right after its third commit (before Spark records it).
+    # A continuous job, killed with SIGKILL in its third micro-batch after the files were uploaded,
+    # before their Delta commit: an aborted attempt's objects stay behind, never referenced.
     job = cli(*common, "--processing-time", "1", *storage_flags(s3),
-              env={"STREAMLAKE_CRASH_AT": "after_commit:2"}, wait=False)
+              env={"STREAMLAKE_CRASH_AT": "after_files:2"}, wait=False)
     _, out1 = finish(job, 240)
-    assert job.returncode == 128 + 9, f"the job should have been SIGKILLed after a commit:\n{out1[-3000:]}"
+    assert job.returncode == 128 + 9, f"the job should have been SIGKILLed before a commit:\n{out1[-3000:]}"
     assert producer.running, "the kill should happen while records are still being produced"
+    orphans = data_objects(s3, table) - snapshot_objects(s3, table)
+    assert orphans, "the killed attempt had uploaded its data files"
 
     # The driver's disk is lost: the restart has only the table's commits to go on.
     shutil.rmtree(checkpoint)
@@ -257,9 +273,20 @@ def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost
     assert code == 0, audit[-3000:]
     assert json.loads(audit[:audit.rindex("}") + 1])["table_rows"] == 1500
 
+    # Abort = never referenced: vacuum finds exactly the killed attempt's objects and deletes them.
+    vacuum = ["vacuum", "--table", table, "--retention-hours", "0", *storage_flags(s3)]
+    code, listed = cli(*vacuum, "--dry-run", timeout=120)
+    assert code == 0, listed
+    listed_files = json.loads(listed[:listed.rindex("}") + 1])["files"]
+    assert {f.split("://", 1)[1] if "://" in f else f"{table.split('://', 1)[1]}/{f}" for f in listed_files} == orphans
+    code, out3 = cli(*vacuum, timeout=120)
+    assert code == 0, out3
+    assert data_objects(s3, table) == snapshot_objects(s3, table)
+    assert_each_record_once(s3, table, producer)
+
     # No credential in what the jobs printed, the driver's checkpoint, the platform's logs,
     # or any object of the table (its Delta log included).
-    assert_no_secret(s3, out1, out2, audit, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+    assert_no_secret(s3, out1, out2, audit, listed, out3, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
     opts = storage_options(table, s3, env={})
     fs, _ = arrow_filesystem(opts)
     for key in objects(s3, table):

@@ -75,8 +75,13 @@ def cmd_audit(args) -> int:
 
 def cmd_vacuum(args) -> int:
     from streamlake.delta.table import vacuum_table
+    from streamlake.storage.location import require_safe_commits, storage_options
 
-    files = vacuum_table(args.table, retention_hours=args.retention_hours, dry_run=args.dry_run)
+    storage = storage_options(args.table, args.storage_option)
+    if not args.dry_run:
+        require_safe_commits(storage)  # a vacuum commits to the table's log
+    files = vacuum_table(args.table, retention_hours=args.retention_hours, dry_run=args.dry_run,
+                         storage_options=storage.for_delta())
     print_json({"table": args.table, "dry_run": args.dry_run, "files": files})
     print(f"{'would delete' if args.dry_run else 'deleted'} {len(files)} files", file=sys.stderr)
     return 0
@@ -104,4 +109,6 @@ def add_parsers(sub) -> None:
     v.add_argument("--retention-hours", type=int, default=168,
                    help="keep files referenced in the last N hours (default 168); 0 only when no writer runs")
     v.add_argument("--dry-run", action="store_true", help="list, do not delete")
+    v.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="storage option of an object-store --table (repeatable; AWS_* variables are read too)")
     v.set_defaults(func=cmd_vacuum)

@@ -189,24 +189,28 @@ def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | N
     return read_files(spark, path, spec, snapshot_files(open_table(path, version)))
 
 
-def vacuum_table(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = True) -> list[str]:
+def vacuum_table(path: str | os.PathLike, retention_hours: int = 168, dry_run: bool = True,
+                 storage_options: Mapping[str, str] | None = None) -> list[str]:
     """Delete files that no snapshot of the last ``retention_hours`` references.
 
     That is: data files of commit attempts that died or lost a commit race (the
     abort of the two-phase commit), files removed by later commits, and the
-    ``_temporary`` directories of Spark writes killed mid-way. Returns the paths
-    deleted (or that would be, with ``dry_run``), relative to the table root.
-    A retention shorter than the longest running write can delete files that
-    write is about to commit: keep the default unless no writer is running.
+    ``_temporary`` directories of Spark writes killed mid-way (local tables: Spark
+    never writes to an object store here). Returns the paths deleted (or that would
+    be, with ``dry_run``), relative to the table root. A retention shorter than the
+    longest running write can delete files that write is about to commit: keep the
+    default unless no writer is running.
     """
     import shutil
 
     from streamlake.delta.files import stale_spark_temporaries
 
-    root = Path(path)
-    files = open_table(path).vacuum(retention_hours=retention_hours, dry_run=dry_run,
-                                    enforce_retention_duration=False, full=True)
+    files = open_table(path, storage_options=storage_options).vacuum(
+        retention_hours=retention_hours, dry_run=dry_run, enforce_retention_duration=False, full=True)
     out = [str(Path(f)) for f in files]
+    if "://" in str(path):
+        return sorted(out)
+    root = Path(path)
     for temp in stale_spark_temporaries(str(root), retention_hours):
         out += [str(p.relative_to(root)) for p in temp.rglob("*") if p.is_file()]
         if not dry_run:
