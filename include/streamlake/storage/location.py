@@ -1,7 +1,8 @@
 """Lake URIs, their storage options, and what delta-rs and pyarrow need to reach them.
 
-A lake root (or a table, or a savepoint target) is a plain path, a ``file://``
-URI, or an object-store URI: ``s3://bucket/prefix`` (also ``s3a://``; MinIO
+A table is a plain path, a ``file://`` URI, or an object-store URI (so far bronze
+tables: ``streamlake ingest``, ``audit``, ``vacuum`` and the ``streamlake-delta``
+source take them): ``s3://bucket/prefix`` (also ``s3a://``; MinIO
 and other S3-compatible stores through an endpoint), ``gs://bucket/prefix``
 or ``abfss://container@account.dfs.core.windows.net/prefix``.
 
@@ -10,14 +11,13 @@ Storage options come from the usual places, later ones winning:
 1. the environment variables of the store's family (``AWS_*`` for S3,
    ``GOOGLE_*`` for GCS, ``AZURE_*`` for Azure), the way every AWS/GCP/Azure
    tool reads them;
-2. ``--storage-option KEY=VALUE`` (repeatable), or an Airflow connection in
-   the DAGs (:mod:`streamlake.orchestration`).
+2. ``--storage-option KEY=VALUE`` (repeatable).
 
 Keys are delta-rs's (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``,
 ``conditional_put``, ...). Secret values (keys naming a secret, token,
-password or access key) never go on a command line, into a log, a manifest or
-a ledger: :meth:`StorageOptions.public` drops them, :func:`redact` blanks them
-in text, and child processes get them through their environment
+password or access key) never go on a command line or into a log:
+:meth:`StorageOptions.public` drops them, :func:`redact` blanks them in text,
+and child processes get them through their environment
 (:meth:`StorageOptions.secret_environment`). Spark executors read them from
 theirs, which is all a worker machine needs besides the package.
 """
