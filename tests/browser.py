@@ -62,7 +62,7 @@ def log_in(page, base: str, user: str, password: str, screenshot: Path | None = 
 
 
 def trigger_from_form(page, base: str, dag_id: str, fields: dict[str, str] | None = None,
-                      screenshot: Path | None = None, rest=None) -> str:
+                      screenshot: Path | None = None, rest=None, retries: int = 1) -> str:
     """Open ``dag_id``'s page, click Trigger, type ``fields`` (param name -> text; nothing
     else is touched), click the dialog's Trigger and return the new run's id (Airflow
     opens the run's page). Fails if the dialog's Trigger button is disabled.
@@ -70,7 +70,9 @@ def trigger_from_form(page, base: str, dag_id: str, fields: dict[str, str] | Non
     On SQLite (`make run`) the trigger may answer 500 "Database error" when two writers
     collide (README, known limits); Airflow's UI then stays on the dialog even when its
     own retry created the run. With ``rest`` (a platform_harness.AirflowREST), a run of the
-    DAG created since the click counts, as a user sees it appear in the grid."""
+    DAG created since the click counts, as a user sees it appear in the grid; when no run
+    was created (the trigger's write timed out on SQLite's lock: a 500 after 60 s), the
+    form is submitted again, up to ``retries`` times, as a user would after the error."""
     import datetime as dt
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -93,9 +95,11 @@ def trigger_from_form(page, base: str, dag_id: str, fields: dict[str, str] | Non
     except PlaywrightTimeout:
         created = [r for r in (rest.runs(dag_id) if rest else []) if r["run_type"] == "manual"
                    and dt.datetime.fromisoformat(r["run_after"].replace("Z", "+00:00")) >= clicked]
-        if not created:
+        if created:
+            return created[0]["dag_run_id"]
+        if rest is None or retries <= 0:
             raise
-        return created[0]["dag_run_id"]
+        return trigger_from_form(page, base, dag_id, fields, screenshot, rest, retries - 1)
     return unquote(page.url.split("/runs/", 1)[1].split("?")[0].split("/")[0])
 
 
