@@ -247,14 +247,25 @@ def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost
         s3, live_producer, topic_name, tmp_path):
     table = f"s3://lake/{topic_name}/bronze"
     checkpoint = str(tmp_path / "checkpoint")  # the driver's own disk; the table is all that must survive
-    producer = live_producer(topic_name, partitions=3, rate=60, count=1500, seed=7,
-                             duplicate_fraction=0.05, malformed_fraction=0.05, late_fraction=0.1)
     common = ["ingest", "--topic", topic_name, "--table", table, "--checkpoint", checkpoint, "--master", "local[2]"]
 
     # A continuous job, killed with SIGKILL in its third micro-batch after the files were uploaded,
     # before their Delta commit: an aborted attempt's objects stay behind, never referenced.
+    # The records are produced one at a time once its query runs (Spark wrote the checkpoint's
+    # metadata): 25 s of them, so the kill comes mid-stream however long the JVM took to start.
+    from streamlake.kafka.producer import ensure_topic
+    from streamlake.kafka.client import client_config
+
+    ensure_topic(client_config(), topic_name, 3)
     job = cli(*common, "--processing-time", "1", *storage_flags(s3),
               env={"STREAMLAKE_CRASH_AT": "after_files:2"}, wait=False)
+    deadline = time.monotonic() + 240
+    while not (Path(checkpoint) / "metadata").exists():
+        assert job.poll() is None, f"the job ended before its query started:\n{job.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "the job's query did not start in 240 s"
+        time.sleep(0.5)
+    producer = live_producer(topic_name, partitions=3, rate=60, count=1500, seed=7,
+                             duplicate_fraction=0.05, malformed_fraction=0.05, late_fraction=0.1)
     _, out1 = finish(job, 240)
     assert job.returncode == 128 + 9, f"the job should have been SIGKILLed before a commit:\n{out1[-3000:]}"
     assert producer.running, "the kill should happen while records are still being produced"
