@@ -35,18 +35,25 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 os.environ.pop("AIRFLOW_HOME", None)
 from streamlake.platform.airflow import airflow_env  # noqa: E402
 
-os.environ.update({k: v for k, v in airflow_env().items() if k.startswith("AIRFLOW")})
-# Credentials of the local S3 server (tests/test_object_storage.py; it accepts any), set before
-# the session's Spark starts: executors and Spark's Python planner read them from their
-# environment, as on a real cluster. CLI runs in that file get their own (unique) ones.
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "streamlake-local")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "streamlake-local-secret")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# The session's SparkSession also serves Spark Connect on this port (the `spark` fixture):
+# the proofs of the DAGs run by `airflow dags test` run there as thin clients, as they run on
+# `make run`'s Spark Connect server, instead of a spark-submit (a JVM start) each. Airflow's
+# ``spark_connect_default`` connection names it.
+SPARK_CONNECT_PORT = _free_port()
+os.environ.update({k: v for k, v in airflow_env(connect_port=SPARK_CONNECT_PORT).items()
+                   if k.startswith("AIRFLOW")})
+# Credentials of the local S3 server (tests/test_object_storage.py; it accepts any), set before
+# the session's Spark starts: executors and Spark's Python planner read them from their
+# environment, as on a real cluster. CLI runs in that file get their own (unique) ones.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "streamlake-local")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "streamlake-local-secret")
 
 
 @pytest.fixture(scope="session")
@@ -62,13 +69,19 @@ def broker():
 
 @pytest.fixture(scope="session")
 def spark(broker):
-    """One local SparkSession for the whole test session, Kafka source registered."""
+    """One local SparkSession for the whole test session, Kafka source registered. Its JVM
+    also serves Spark Connect on 127.0.0.1:SPARK_CONNECT_PORT (Spark's SparkConnectPlugin),
+    for the checks that run as Spark Connect clients."""
     from streamlake.kafka.source import register
+    from streamlake.platform.spark_connect import SERVER_PLUGIN
     from streamlake.spark.session import get_spark
 
     session = get_spark("streamlake-tests", master="local[2]", conf={
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
+        "spark.plugins": SERVER_PLUGIN,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(SPARK_CONNECT_PORT),
     })
     register(session)
     yield session

@@ -5,7 +5,9 @@ written into a pipelines directory of the test's own (``STREAMLAKE_PIPELINES``),
 so Airflow builds its ``ingest_<job>`` and ``backfill_<job>`` DAGs as it does for
 ``pipelines/``. One `airflow dags test` runs at a time (the metadata DB is
 SQLite); jobs that must keep running meanwhile are started continuously by a DAG
-run or the CLI in the background.
+run or the CLI in the background. The proofs after each operation run on the test
+session's Spark Connect server (as on `make run`); the first ingest proves the
+spark-submit fallback when no server answers.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 
 import yaml
 
+from conftest import SPARK_CONNECT_PORT, _free_port
 from helpers import EXAMPLES, delta_log_entries
 from streamlake.delta.table import open_table, read_table
 from streamlake.delta.txn import committed_offsets
@@ -46,11 +48,16 @@ def airflow(broker):
     return broker
 
 
-def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool = False, timeout: float = 900):
+def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool = False, timeout: float = 900,
+              connect: bool = True):
+    """`airflow dags test` of ``dag_id``. Its proofs run on the test session's Spark Connect
+    server (conftest's ``spark`` fixture serves it), as on `make run`; ``connect=False`` points
+    ``spark_connect_default`` at a port nobody listens on: the proofs fall back to spark-submit."""
     from streamlake.platform.airflow import airflow_env, airflow_executable
 
     cmd = [airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)]
-    full_env = {**airflow_env(), "STREAMLAKE_PIPELINES": os.environ["STREAMLAKE_PIPELINES"], **(env or {})}
+    airflow = airflow_env(connect_port=SPARK_CONNECT_PORT if connect else _free_port())
+    full_env = {**airflow, "STREAMLAKE_PIPELINES": os.environ["STREAMLAKE_PIPELINES"], **(env or {})}
     if background:
         return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -122,12 +129,14 @@ def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topi
 
     job = define_job(tmp_path, f"flow-{topic_name}", topic_name, max_offsets_per_trigger=400)
     produce(topic_name, 1500, seed=1, malformed_fraction=0.05, duplicate_fraction=0.05)
-    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"})
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"}, connect=False)
     assert code == 0, out[-4000:]
     assert "EXACTLY ONCE: 1500 rows" in out and "EVERY BRONZE ROW ONCE" in out and "GOLD EQUALS RECOMPUTE" in out
+    assert "does not answer: spark-submit" in out, "no Spark Connect server: the proofs ran with spark-submit"
 
     code, out = dags_test("savepoint", {"job": job.name, "stop": False})
     assert code == 0, out[-4000:]
+    assert "on the Spark Connect server sc://" in out, "the savepoint's proof ran as a Spark Connect client"
     savepoint = list_savepoints(job.name)[0]
     assert savepoint.offsets() == committed_offsets(open_table(job.table), savepoint.offsets())
     assert set(savepoint.versions()) == set(job.definition.table_names())
@@ -226,12 +235,6 @@ def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, p
     cfg = job.pipeline_config()
     run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True, report=lambda _: None)
     assert_every_stage(spark, job, 300)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_it(airflow, spark, topic_name,

@@ -1,9 +1,10 @@
 """SIGKILL the silver or gold stage at its crash points, restart, and find every result unchanged.
 
-Each run is a real `streamlake pipeline run` -> spark-submit process tree of the
-orders example (two gold stages: a tumbling and a session aggregate); the crash is
-injected with STREAMLAKE_CRASH_AT (see streamlake.faults), which kills the whole
-tree with SIGKILL, like `kill -9`, between or after a stage's commits. The
+The run that crashes and its restart are real `streamlake pipeline run` ->
+spark-submit process trees of the orders example (two gold stages: a tumbling
+and a session aggregate); the crash is injected with STREAMLAKE_CRASH_AT (see
+streamlake.faults), which kills the whole tree with SIGKILL, like `kill -9`,
+between or after a stage's commits. The
 results after the restart are compared with a reference run of a copy of the
 stream that was never interrupted.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import example
+from helpers import example, pipeline_config, run_available_now
 from streamlake.delta.table import read_table
 from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
 from streamlake.pipeline.definition import load_definition
@@ -79,13 +80,17 @@ def wave(definition: Path, topic: str, clock: FixedClock, seed: int, **mix) -> N
                     **mix)
 
 
-def first_wave_then_second(root: Path, definition: Path, topic: str, crash: str | None = None) -> tuple[int, str]:
+def first_wave_then_second(spark, root: Path, definition: Path, topic: str,
+                           crash: str | None = None) -> tuple[int, str]:
     """Wave 1, a clean run (gold gets watermarks), wave 2 with late orders, a second run
-    (SIGKILLed at ``crash`` if given). Returns the second run's exit status and output."""
+    (SIGKILLed at ``crash`` if given). Returns the second run's exit status and output.
+
+    The clean first run runs in the test's SparkSession (the same stages and settings as the
+    CLI's, without a JVM start); the second is a `streamlake pipeline run` process tree, the one
+    a crash kills, in the reference as in every crash run."""
     clock = FixedClock(T0)
     wave(definition, topic, clock, 51)
-    code, out = pipeline(root, definition)
-    assert code == 0, out[-3000:]
+    run_available_now(spark, pipeline_config(root, definition, max_offsets_per_trigger=500))
     # Half a minute passes: wave 2's late orders (6 to 20 minutes back) are behind the
     # watermarks wave 1 left, so even gold's first batch of wave 2 finds them late.
     clock.now += dt.timedelta(seconds=30)
@@ -101,7 +106,7 @@ def reference(spark, broker, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline-reference")
     topic = f"ref-{uuid.uuid4().hex[:8]}"
     definition = example("orders", root, topic, lateness="5s")
-    code, out = first_wave_then_second(root / "lake", definition, topic)
+    code, out = first_wave_then_second(spark, root / "lake", definition, topic)
     assert code == 0, out[-3000:]
     found = results(spark, root / "lake", definition)
     assert found["quarantine"] and found["gold/revenue_5m"] and found["gold/activity"], found.keys()
@@ -124,7 +129,7 @@ def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker,
 
     root, topic = tmp_path / "lake", f"crash-{uuid.uuid4().hex[:8]}"
     definition = example("orders", tmp_path, topic, lateness="5s")
-    code, out = first_wave_then_second(root, definition, topic, crash=point)
+    code, out = first_wave_then_second(spark, root, definition, topic, crash=point)
     assert code == 128 + 9, f"the job should have been SIGKILLed at {point}:\n{out[-3000:]}"
     code, out = pipeline(root, definition)
     assert code == 0, out[-3000:]

@@ -23,6 +23,8 @@ from streamlake.platform import procs
 SERVICE = "spark-connect"
 DEFAULT_PORT = 15002
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# The same server inside an application that runs anyway (``spark.plugins``): no JVM of its own.
+SERVER_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 
 
 def url(port: int = DEFAULT_PORT) -> str:
