@@ -344,10 +344,13 @@ def live_platform():
     it (it keeps both cores busy: the tests after it must not share them with it). Shared by
     that module's tests, which use the running platform like a user (a browser, REST API).
     Its pipelines are scheduled every 30 minutes instead of 5: the first scheduled runs start
-    at once, and the operations the tests trigger do not queue behind more of them."""
+    at once, and the operations the tests trigger do not queue behind more of them. Its
+    producers write 10 (demo) and 5 (orders) records a second, one at a time: every run and
+    proof then handles thousands of records, not tens of thousands (the demo's 200 a second
+    is `make bench`'s operation rows)."""
     from platform_harness import start_platform
 
-    platform = start_platform(_SESSION_HOME / "platform", rate=50, every_minutes=30)
+    platform = start_platform(_SESSION_HOME / "platform", rate=10, other_rate=5, every_minutes=30)
     try:
         yield platform
     finally:

@@ -206,16 +206,19 @@ def platform_env(home: Path, extra: dict | None = None) -> dict:
     return {**env, "STREAMLAKE_HOME": str(home), **(extra or {})}
 
 
-def start_platform(home: Path, *, rate: float = 200, every_minutes: int | None = None,
-                   timeout: float = 600) -> LivePlatform:
+def start_platform(home: Path, *, rate: float = 200, other_rate: float | None = None,
+                   every_minutes: int | None = None, timeout: float = 600) -> LivePlatform:
     """``streamlake platform`` (what ``make run`` runs) on free ports; returns when the UI answers.
-    ``every_minutes``: the scheduled pipeline's interval (default: the demo's)."""
+    ``rate``/``other_rate``: records per second of the demo pipeline's producer and of the
+    others' (default: the platform's); ``every_minutes``: the scheduled pipeline's interval
+    (default: the demo's)."""
     home.mkdir(parents=True, exist_ok=True)
     env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)} if every_minutes else None)
     port, kafka, spark, spark_ui, connect = free_port(), free_port(), free_port(), free_port(), free_port()
     done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
                            "--spark-port", str(spark), "--spark-ui-port", str(spark_ui),
-                           "--spark-connect-port", str(connect), "--rate", str(rate)],
+                           "--spark-connect-port", str(connect), "--rate", str(rate),
+                           *(["--other-rate", str(other_rate)] if other_rate is not None else [])],
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"streamlake platform failed:\n{done.stdout}\n{done.stderr}"
     login = re.search(r"user (\S+), password (\S+)", done.stdout)

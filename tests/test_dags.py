@@ -68,6 +68,26 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
         assert dagbag.dags[f"ingest_{pipeline}"].get_task("supervise_continuous").retries == 0
 
 
+def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
+    """Every task that starts a Spark application (ingest, backfill) takes a slot of the pool
+    ``streamlake platform`` sizes to the cores (STREAMLAKE_SPARK_POOL); verify, a Spark
+    Connect client, does not wait for one. Without the variable, Airflow's default pool, so
+    a user's own Airflow runs the DAGs unchanged."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from streamlake.orchestration.operators import SPARK_POOL_ENV
+    from streamlake.platform.airflow import SPARK_POOL
+
+    def pools(bag):
+        return {t.task_id: t.pool for d in bag.dags.values() for t in d.tasks
+                if t.task_id in ("ingest_available_now", "backfill", "verify")}
+
+    assert set(pools(dagbag).values()) == {"default_pool"}
+    monkeypatch.setenv(SPARK_POOL_ENV, SPARK_POOL)
+    pooled = pools(DagBag(dag_folder=str(ROOT / "dags")))
+    assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": SPARK_POOL, "verify": "default_pool"}
+
+
 def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):
     """The restore DAG's savepoint_id param suggests the savepoints on disk, newest first, and
     is optional: empty restores the newest savepoint of the chosen pipeline."""

@@ -70,15 +70,21 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     assert status == 200 and {d["dag_id"] for d in body["dags"]} == DAGS, body
     shot = lambda name: page.shots / f"live-{name}.png"  # noqa: E731
 
-    # Savepoint and an ingest run of the demo pipeline, every field as the form shows it.
+    # A savepoint, both pipelines' ingest and both backfills (defaults: every aggregate, all
+    # pending late events), every field as the form shows it. They run side by side, as a
+    # user's would: each must succeed.
     savepoint = trigger_from_form(page, base, "savepoint", screenshot=shot("02-savepoint-form"), rest=rest)
-    ingest = trigger_from_form(page, base, "ingest_sensors", rest=rest)
+    runs = {dag: trigger_from_form(page, base, dag, rest=rest)
+            for dag in ("ingest_sensors", "ingest_orders", "backfill_orders", "backfill_sensors")}
     assert rest.run("savepoint", savepoint)["conf"]["job"] == "sensors"
     succeeded(rest, "savepoint", savepoint)
-    succeeded(rest, "ingest_sensors", ingest, RESUMED_RUN_TIMEOUT_S)
+    for dag, run_id in runs.items():
+        succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
     # The proofs ran on the platform's Spark Connect server, not in a JVM of their own.
-    for dag, run_id in (("savepoint", savepoint), ("ingest_sensors", ingest)):
+    for dag, run_id in (("savepoint", savepoint), ("ingest_sensors", runs["ingest_sensors"])):
         assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, "verify"), (dag, run_id)
+    backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
+    assert any(o["operation"] == "backfill" for o in backfill), backfill
 
     # A savepoint with a note typed: the note is in the Savepoints view.
     noted = trigger_from_form(page, base, "savepoint", {"note": NOTE}, screenshot=shot("03-savepoint-note"),
@@ -89,14 +95,6 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     row.wait_for()
     assert "sensors" in row.inner_text()
     page.screenshot(path=str(shot("04-savepoints")), full_page=True)
-
-    # The other pipeline's ingest and both backfills (defaults: every aggregate, all pending late events).
-    runs = {dag: trigger_from_form(page, base, dag, rest=rest)
-            for dag in ("ingest_orders", "backfill_orders", "backfill_sensors")}
-    for dag, run_id in runs.items():
-        succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
-    backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
-    assert any(o["operation"] == "backfill" for o in backfill), backfill
 
     # Restore (default: the newest savepoint of the demo pipeline, the noted one) and rescale
     # (default resources): each succeeds and the run it starts completes it.

@@ -18,15 +18,24 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+# The pool of the tasks that start a JVM (a pipeline run, a backfill): ``streamlake platform``
+# sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
+# 2-core machine never starts more Spark applications than it has cores; elsewhere Airflow's
+# default_pool. Verify runs outside it: it is a client of the long-lived Spark Connect server.
+SPARK_POOL_ENV = "STREAMLAKE_SPARK_POOL"
+
 
 class _JobSubmitOperator(SparkSubmitOperator):
     """spark-submit of ``jobs/<application>`` for a named job; subclasses give the arguments."""
 
     job_application = ""
+    starts_a_jvm = True  # runs in the Spark pool (SPARK_POOL_ENV)
     template_fields = (*SparkSubmitOperator.template_fields, "job_name", "spark_conn_id")
 
     def __init__(self, *, job_name: str, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
         kwargs.setdefault("name", f"streamlake-{self.job_application.removesuffix('.py')}")
+        if self.starts_a_jvm:
+            kwargs.setdefault("pool", os.environ.get(SPARK_POOL_ENV) or "default_pool")
         super().__init__(application="(set from the job spec at run time)", conn_id=spark_conn_id, **kwargs)
         self.job_name = job_name
         self.spark_conn_id = spark_conn_id
@@ -82,6 +91,7 @@ class JobVerifyOperator(_JobSubmitOperator):
     ``spark_conn_id`` as every other job (the log says which)."""
 
     job_application = "verify.py"
+    starts_a_jvm = False  # a Spark Connect client where the server answers (the fallback is rare)
     template_fields = (*_JobSubmitOperator.template_fields, "operation", "expected_offsets", "version",
                        "spark_connect_conn_id")
     ui_color = "#e8e4f0"

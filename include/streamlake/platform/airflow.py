@@ -23,6 +23,10 @@ DEFAULT_PORT = 8080
 SPARK_LOCAL_CONN = "spark_default"
 SPARK_CLUSTER_CONN = "spark_cluster"
 SPARK_CONNECT_CONN = "spark_connect_default"
+# The Airflow pool every Spark task of the DAGs runs in (operators.SPARK_POOL_ENV names it).
+# The platform makes one slot per core: on 2 cores four JVMs starting at once (both
+# pipelines' first ingest and hourly backfill) took minutes and Python workers timed out.
+SPARK_POOL = "streamlake_spark"
 
 # SQLite lets one writer at a time; Python's sqlite3 gives up on a lock after 5 s and
 # Airflow then answers a trigger with 500 "Database error" or a backfill with 503
@@ -73,6 +77,7 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "15",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+        "STREAMLAKE_SPARK_POOL": SPARK_POOL,
         f"AIRFLOW_CONN_{SPARK_LOCAL_CONN.upper()}": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         f"AIRFLOW_CONN_{SPARK_CLUSTER_CONN.upper()}": json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster_port}),
@@ -125,9 +130,23 @@ def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 
     port = procs.status(SERVICE).info["port"]
     started = time.monotonic()
     procs.wait_for(lambda: ui_ready(port), timeout_s, interval=2, what=f"the Airflow UI on port {port}")
+    ensure_spark_pool()
     user, password = credentials()
     return {"url": f"http://127.0.0.1:{port}", "user": user, "password": password,
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def ensure_spark_pool(slots: int | None = None) -> None:
+    """Create (or resize) the pool the DAGs' Spark tasks run in: ``slots`` at once, one per
+    core by default. Until it exists those tasks wait in the scheduler (a few seconds at
+    start-up). Tried three times (SQLite's lock may be busy with the scheduler); raises
+    CalledProcessError when the Airflow CLI fails the third time."""
+    slots = slots or max(1, os.cpu_count() or 1)
+    for attempt in range(3):
+        done = run_airflow("pools", "set", SPARK_POOL, str(slots), "StreamLake's Spark jobs: one JVM per slot",
+                           check=attempt == 2, timeout=120)
+        if done.returncode == 0:
+            return
 
 
 def stop() -> bool:
