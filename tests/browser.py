@@ -33,7 +33,16 @@ def chromium() -> str:
                 f"{' or '.join(CHROMIUM_PATHS)}: {INSTALL_HINT}", pytrace=False)
 
 
+# How long an assertion on the page (playwright's `expect`) waits: its default, 5 s, was too
+# short for an iframe's view to load on 2 cores shared with Spark (a fresh-clone CI run).
+EXPECT_TIMEOUT_MS = 30_000
+
+
 def launch(pw):
+    """Headless Chromium; page assertions wait up to EXPECT_TIMEOUT_MS."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     return pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
 
 
