@@ -23,7 +23,7 @@ DEFAULT_PORT = 8080
 SPARK_LOCAL_CONN = "spark_default"
 SPARK_CLUSTER_CONN = "spark_cluster"
 SPARK_CONNECT_CONN = "spark_connect_default"
-# The Airflow pool every Spark task of the DAGs runs in (operators.SPARK_POOL_ENV names it).
+# The Airflow pool of the DAGs' tasks that start a Spark application (operators.SPARK_POOL_ENV).
 # The platform makes one slot per core: on 2 cores four JVMs starting at once (both
 # pipelines' first ingest and hourly backfill) took minutes and Python workers timed out.
 SPARK_POOL = "streamlake_spark"
@@ -137,7 +137,7 @@ def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 
 
 
 def ensure_spark_pool(slots: int | None = None) -> None:
-    """Create (or resize) the pool the DAGs' Spark tasks run in: ``slots`` at once, one per
+    """Create (or resize) the pool the DAGs' Spark applications run in: ``slots`` at once, one per
     core by default. Until it exists those tasks wait in the scheduler (a few seconds at
     start-up). Tried three times (SQLite's lock may be busy with the scheduler); raises
     CalledProcessError when the Airflow CLI fails the third time."""
