@@ -343,14 +343,17 @@ def live_platform():
     standalone), in a directory of its own on free ports; stopped after the module that uses
     it (it keeps both cores busy: the tests after it must not share them with it). Shared by
     that module's tests, which use the running platform like a user (a browser, REST API).
-    Its pipelines are scheduled every 30 minutes instead of 5: the first scheduled runs start
-    at once, and the operations the tests trigger do not queue behind more of them. Its
+    Airflow's scheduler creates no scheduled runs here (``use_job_schedule`` off): on 2 cores
+    the first scheduled ingests and hourly backfills of both pipelines filled the Spark pool
+    for minutes before a test's run got a slot. Every run is one a test triggers (forms with
+    their defaults run the scheduled mode; Airflow's Backfill runs data intervals, as the
+    schedule would); the DAGs' timetables are checked in test_dags. Its
     producers write 10 (demo) and 5 (orders) records a second, one at a time: every run and
     proof then handles thousands of records, not tens of thousands (the demo's 200 a second
     is `make bench`'s operation rows)."""
     from platform_harness import start_platform
 
-    platform = start_platform(_SESSION_HOME / "platform", rate=10, other_rate=5, every_minutes=30)
+    platform = start_platform(_SESSION_HOME / "platform", rate=10, other_rate=5, schedules=False)
     try:
         yield platform
     finally:

@@ -207,13 +207,19 @@ def platform_env(home: Path, extra: dict | None = None) -> dict:
 
 
 def start_platform(home: Path, *, rate: float = 200, other_rate: float | None = None,
-                   every_minutes: int | None = None, timeout: float = 600) -> LivePlatform:
+                   every_minutes: int | None = None, schedules: bool = True,
+                   timeout: float = 600) -> LivePlatform:
     """``streamlake platform`` (what ``make run`` runs) on free ports; returns when the UI answers.
     ``rate``/``other_rate``: records per second of the demo pipeline's producer and of the
     others' (default: the platform's); ``every_minutes``: the scheduled pipeline's interval
-    (default: the demo's)."""
+    (default: the demo's); ``schedules=False``: Airflow's scheduler creates no scheduled runs
+    (``[scheduler] use_job_schedule``, an Airflow setting a user can set too): only the runs
+    triggered (forms, REST, Backfill) run, so none queues behind the schedule's."""
     home.mkdir(parents=True, exist_ok=True)
-    env = platform_env(home, {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)} if every_minutes else None)
+    extra = {"STREAMLAKE_INGEST_EVERY_MINUTES": str(every_minutes)} if every_minutes else {}
+    if not schedules:
+        extra["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "False"
+    env = platform_env(home, extra)
     port, kafka, spark, spark_ui, connect = free_port(), free_port(), free_port(), free_port(), free_port()
     done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
                            "--spark-port", str(spark), "--spark-ui-port", str(spark_ui),

@@ -2,7 +2,8 @@
 
 The platform is started as `make run` starts it (embedded broker, a producer per
 pipeline definition writing one record at a time with late, duplicated and
-malformed records, a Spark standalone cluster, Airflow standalone). Headless
+malformed records, a Spark standalone cluster, Airflow standalone), with Airflow's
+scheduler creating no scheduled runs: every run here is one a test triggers. Headless
 Chromium logs in through Airflow's login page and opens the Trigger dialog of
 every DAG, clicking Trigger without touching a field: each run must start (a
 form whose Trigger button stays disabled with its defaults passed every REST test
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.slow
 
 PIPELINES = ("orders", "sensors")
 DAGS = {"ingest_orders", "ingest_sensors", "backfill_orders", "backfill_sensors", "savepoint", "restore", "rescale"}
-OPERATION_TIMEOUT_S = 420  # generous: scheduled runs of both pipelines share 2 cores with the operations
-# A run an operation starts may queue behind a scheduled one (max_active_runs=1): its wait covers both.
+OPERATION_TIMEOUT_S = 420  # generous: both pipelines' runs share 2 cores with the operations
+# A run an operation starts may queue behind one the forms triggered (max_active_runs=1): its wait covers both.
 RESUMED_RUN_TIMEOUT_S = 2 * OPERATION_TIMEOUT_S
 NOTE = "before the rescale, typed in the browser"
 
@@ -205,7 +206,7 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     run_id = rest.trigger("ingest_sensors", {"mode": "continuous", "spark_conn_id": "spark_cluster"})
     spec = JobSpec.from_dict(json.loads((live_platform.home / "jobs" / "sensors.json").read_text()))
     progress = spec.control.progress_file
-    # The run may queue behind a scheduled one (max_active_runs=1): the minute starts when it runs.
+    # The run may queue behind an earlier one (max_active_runs=1): the minute starts when it runs.
     deadline = time.monotonic() + RESUMED_RUN_TIMEOUT_S
     while rest.run("ingest_sensors", run_id)["state"] == "queued":
         assert time.monotonic() < deadline, "the continuous run never left the queue"
