@@ -9,6 +9,7 @@ generator), which each aggregate keeps in its late_events table.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -28,19 +29,36 @@ def tables(cfg) -> dict[str, str]:
     return {name: cfg.table(name) for name in cfg.definition.table_names()}
 
 
-@pytest.fixture
-def with_late_events(spark, produce, topic_name, tmp_path):
-    """A pipeline whose gold tables have pending late events (their windows not yet restated)."""
-    cfg = pipeline_config(tmp_path / "lake", example("orders", tmp_path, topic_name, lateness="5s"))
-    produce(topic_name, 400, seed=31, out_of_order_seconds=3, definition=cfg.definition)
+@pytest.fixture(scope="module")
+def late_events_lake(spark, broker, tmp_path_factory):
+    """A pipeline whose gold tables have pending late events (their windows not yet restated),
+    built once for the module: two streams, two available-now runs."""
+    import uuid
+
+    from streamlake.kafka.producer import produce_records
+
+    tmp = tmp_path_factory.mktemp("backfill-lake")
+    topic = f"backfill-{uuid.uuid4().hex[:8]}"
+    cfg = pipeline_config(tmp / "lake", example("orders", tmp, topic, lateness="5s"))
+    common = dict(partitions=3, progress=False, value_bytes=200, out_of_order_seconds=3)
+    produce_records(cfg.definition, topic, 400, seed=31, **common)
     run_available_now(spark, cfg)
-    produce(topic_name, 600, seed=32, late_fraction=0.2, out_of_order_seconds=3, duplicate_fraction=0.05,
-            definition=cfg.definition)
+    produce_records(cfg.definition, topic, 600, seed=32, late_fraction=0.2, duplicate_fraction=0.05, **common)
     run_available_now(spark, cfg)
     for agg in cfg.definition.aggregates:
         late = read_table(spark, cfg.table(agg.late_table), late_spec(cfg.definition, agg))
         assert late.where("NOT applied").count() > 20, f"the fixture needs pending late events in {agg.name}"
     return cfg
+
+
+@pytest.fixture
+def with_late_events(late_events_lake, tmp_path):
+    """A copy of that pipeline's root (tables, checkpoints, control) for one test: each test
+    restates and streams into its own. Delta logs hold relative paths and the stages'
+    checkpoints name tables by id, so the copy is a pipeline of its own on the same topic."""
+    root = tmp_path / "lake"
+    shutil.copytree(late_events_lake.root, root)
+    return replace(late_events_lake, root=str(root))
 
 
 def gold_rows(spark, cfg, aggregate) -> dict:
