@@ -67,6 +67,8 @@ fi
 want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
   echo "setup: .venv is up to date (Java $major)."
+  # The Spark JVMs' class archive (streamlake.spark.class_archive): built once, about 40 s.
+  "$VENV/bin/python" -m streamlake.spark.class_archive
   exit 0
 fi
 
@@ -83,4 +85,5 @@ print(f"setup: pyspark {pyspark.__version__}, deltalake {deltalake.__version__},
       f"confluent-kafka {confluent_kafka.version()}, airflow {airflow.__version__}")
 PY
 echo "$want" > "$STAMP"
+"$VENV/bin/python" -m streamlake.spark.class_archive --rebuild
 echo "setup: done (Java $major)."

@@ -21,7 +21,7 @@ import psutil
 from streamlake import config
 from streamlake.operations.jobs import JobSpec
 from streamlake.pipeline.config import config_to_args
-from streamlake.spark.session import SPARK_DEFAULTS, job_environment, job_path, python_executable
+from streamlake.spark.session import job_environment, job_path, python_executable, spark_defaults
 from streamlake.operations.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def job_args(job: JobSpec, continuous: bool) -> list[str]:
 def spark_conf(job: JobSpec) -> dict[str, str]:
     """Spark properties: platform defaults, the job's resources, this interpreter for
     executors on any cluster."""
-    return {**SPARK_DEFAULTS, **job.spark_conf(), "spark.pyspark.python": python_executable(),
+    return {**spark_defaults(), **job.spark_conf(), "spark.pyspark.python": python_executable(),
             "spark.pyspark.driver.python": python_executable()}
 
 

@@ -44,10 +44,10 @@ def reachable(remote: str, timeout_s: float = 2.0) -> bool:
 def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float = 120) -> dict:
     """Start the server (idempotent) with the platform's Spark defaults; return when it accepts
     connections. Raises TimeoutError when it does not within ``timeout_s``."""
-    from streamlake.spark.session import SPARK_DEFAULTS, job_environment, python_executable, spark_submit_executable
+    from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
 
     if procs.status(SERVICE) is None:
-        conf = {**SPARK_DEFAULTS, "spark.connect.grpc.binding.address": "127.0.0.1",
+        conf = {**spark_defaults(), "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false",
                 "spark.pyspark.python": python_executable()}
         cmd = [spark_submit_executable(), "--master", master, "--name", "streamlake-spark-connect",

@@ -40,6 +40,18 @@ JOB_DEFAULTS: dict[str, dict[str, str]] = {
 }
 
 
+def spark_defaults(class_archive: bool = True) -> dict[str, str]:
+    """SPARK_DEFAULTS plus, for the driver and executor JVMs, the option that maps the class
+    archive (streamlake.spark.class_archive: faster starts, ignored when missing or stale). It
+    goes in the ``defaultJavaOptions`` properties, so a job's own ``extraJavaOptions`` keep it."""
+    if not class_archive:
+        return dict(SPARK_DEFAULTS)
+    from streamlake.spark.class_archive import java_option
+
+    option = java_option()
+    return {**SPARK_DEFAULTS, "spark.driver.defaultJavaOptions": option, "spark.executor.defaultJavaOptions": option}
+
+
 def python_executable() -> str:
     """The interpreter Spark's Python workers must use (this environment's)."""
     return os.environ.get("PYSPARK_PYTHON") or sys.executable
@@ -78,10 +90,11 @@ def job_path(name: str) -> str:
 
 
 def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]",
-                         conf: Mapping[str, str] | None = None, name: str | None = None) -> list[str]:
-    """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults (SPARK_DEFAULTS,
+                         conf: Mapping[str, str] | None = None, name: str | None = None,
+                         class_archive: bool = True) -> list[str]:
+    """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults (spark_defaults(),
     then the job's JOB_DEFAULTS, then ``conf``)."""
-    settings = {**SPARK_DEFAULTS, **JOB_DEFAULTS.get(Path(job).name, {}), **(conf or {})}
+    settings = {**spark_defaults(class_archive), **JOB_DEFAULTS.get(Path(job).name, {}), **(conf or {})}
     cmd = [spark_submit_executable(), "--master", master, "--name", name or Path(job).stem]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]
@@ -113,7 +126,7 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    for key, value in {**SPARK_DEFAULTS, **(conf or {})}.items():
+    for key, value in {**spark_defaults(), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
