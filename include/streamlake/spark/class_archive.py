@@ -6,8 +6,8 @@ thousand classes from pyspark's jars, parsing and verifying each one again. JDK 
 dynamic AppCDS archives them once: one run with ``-XX:ArchiveClassesAtExit`` writes
 the classes it loaded, already parsed and verified, and later JVMs map that archive
 read-only (``-XX:SharedArchiveFile``), sharing its pages between them. Measured on 2
-cores: a local SparkSession plus one small job took 15.5 s and 24.5 CPU-seconds
-without the archive, 10.4 s and 17 CPU-seconds with it.
+cores, the warm-up job (a local session and a few small jobs) took 21 s and 33
+CPU-seconds without the archive, 15 s and 22 CPU-seconds with it.
 
 Safe to be missing or stale: the JVM validates the archive against its own build and
 class path and, when either differs or the file is absent, runs without it, silently
@@ -44,7 +44,7 @@ def java_option() -> str:
 
 def build_archive(rebuild: bool = False, timeout_s: float = 600) -> Path | None:
     """Write the archive by running the warm-up job once with ``-XX:ArchiveClassesAtExit``
-    (about 30 s), unless it exists and ``rebuild`` is False. The file appears atomically
+    (about 40 s), unless it exists and ``rebuild`` is False. The file appears atomically
     (written beside, then renamed), so JVMs starting meanwhile never map half an archive.
     Returns its path, or None when the JVM wrote none (printed why; Spark still works,
     only slower to start)."""
