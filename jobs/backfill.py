@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", help="id of this backfill (default: generated)")
     parser.add_argument("--context", default="{}", help="JSON recorded with the checks (DAG run ids)")
     parser.add_argument("--result", help="write the summary as JSON to this file")
+    parser.add_argument("--remote", help="sc://host:port: run on this Spark Connect server (no JVM of its own)")
     args = parser.parse_args(argv)
     logs.configure()
-    spark = get_spark(f"backfill:{args.job}")
+    spark = get_spark(f"backfill:{args.job}", remote=args.remote)
     code = 0
     try:
         summary = backfill_job(spark, load_job(args.job), parse_time(args.start), parse_time(args.end),

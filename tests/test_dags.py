@@ -69,9 +69,9 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
 
 
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
-    """Every task that starts a Spark application (ingest, backfill) takes a slot of the pool
-    ``streamlake platform`` sizes to the cores (STREAMLAKE_SPARK_POOL); verify, a Spark
-    Connect client, does not wait for one. Without the variable, Airflow's default pool, so
+    """Every task that starts a Spark application (ingest) takes a slot of the pool
+    ``streamlake platform`` sizes to the cores (STREAMLAKE_SPARK_POOL); verify and backfill,
+    Spark Connect clients, do not wait for one. Without the variable, Airflow's default pool, so
     a user's own Airflow runs the DAGs unchanged."""
     from airflow.dag_processing.dagbag import DagBag
 
@@ -85,7 +85,7 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     assert set(pools(dagbag).values()) == {"default_pool"}
     monkeypatch.setenv(SPARK_POOL_ENV, SPARK_POOL)
     pooled = pools(DagBag(dag_folder=str(ROOT / "dags")))
-    assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": SPARK_POOL, "verify": "default_pool"}
+    assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": "default_pool", "verify": "default_pool"}
 
 
 def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import SPARK_CONNECT_PORT
 from helpers import run_available_now
 from streamlake.operations.jobs import identity_file, job_for_root, load_job, root_identity, save_job
 
@@ -66,7 +67,8 @@ def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables
     B/pipe`, then `backfill --root B/pipe` and `backfill --root A/pipe`. Both backfills
     succeed and each touches only its own tables; the job spec records the options given.
     The second wave of data goes through each root's recorded job in the test's SparkSession
-    (the same stages `pipeline run` runs, without two more JVM starts)."""
+    (the same stages `pipeline run` runs, without two more JVM starts); B's backfill runs on
+    the session's Spark Connect server, A's as a spark-submit."""
     topic_a, topic_b = f"pipe-a-{os.getpid()}", f"pipe-b-{os.getpid()}"
     a, b = tmp_path / "A" / "pipe", tmp_path / "B" / "pipe"
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))  # a user's home: no job named pipe yet
@@ -97,11 +99,17 @@ def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables
     assert (spec.min_partitions, spec.gold_partitions, spec.processing_time_s) == (None, None, None), \
         "options not given are not recorded"
     before_a, before_b = _versions(a), _versions(b)
-    out_b = _run(["backfill", "--root", str(b)], env).stdout
+    # B's backfill runs on the test session's Spark Connect server (as on `make run`), A's as a
+    # spark-submit (no server of the platform's in this home): both ways a user's backfill runs.
+    done_b = _run(["backfill", "--root", str(b), "--remote", f"sc://127.0.0.1:{SPARK_CONNECT_PORT}"], env)
+    assert "on the Spark Connect server sc://" in done_b.stderr, done_b.stderr
+    out_b = done_b.stdout
     assert _versions(a) == before_a, "a backfill of B touched A's tables"
     after_b = _versions(b)
     assert after_b["gold/per_minute"] > before_b["gold/per_minute"], out_b
-    out_a = _run(["backfill", "--root", str(a)], env).stdout
+    done_a = _run(["backfill", "--root", str(a)], env)
+    assert "on the Spark Connect server" not in done_a.stderr, done_a.stderr
+    out_a = done_a.stdout
     assert _versions(b) == after_b, "a backfill of A touched B's tables"
     assert _versions(a)["late_events/per_minute"] > before_a["late_events/per_minute"], out_a
     for out in (out_a, out_b):

@@ -97,7 +97,7 @@ def test_check_runs_on_the_spark_connect_server_and_finds_what_verify_finds(spar
     done = subprocess.run([cli, "check", "--job", job.name, "--operation", "on-connect"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"checks on the Spark Connect server {spark_connect_server}" in done.stderr
+    assert f"check:{job.name} on the Spark Connect server {spark_connect_server}" in done.stderr
     recorded = [r for r in recent_checks(50, job.name) if r["operation"] == "on-connect"]
     assert sorted(r["kind"] for r in recorded) == ["gold", "gold", "kafka-audit", "pipeline-accounting"]
     assert all(r["verdict"] == "PASS" for r in recorded), recorded

@@ -7,13 +7,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from streamlake.cli.common import add_job_arguments, print_json, resolve_job
+from streamlake.cli.common import add_job_arguments, add_remote_argument, connect_or_submit_command, print_json, resolve_job
 
 
 def cmd_backfill(args) -> int:
     from streamlake.cli.ingest import run_job_foreground
     from streamlake.operations.control import JobControl
-    from streamlake.spark.session import spark_submit_command
 
     job = resolve_job(args)
     definition = job.definition
@@ -26,8 +25,8 @@ def cmd_backfill(args) -> int:
         cmd += ["--from", args.start] if args.start else []
         cmd += ["--to", args.end] if args.end else []
         cmd += ["--dry-run"] if args.dry_run else []
-        code = run_job_foreground(spark_submit_command("backfill.py", cmd, master=args.master or job.master or
-                                                       "local[*]", name=f"backfill:{job.name}"),
+        code = run_job_foreground(connect_or_submit_command("backfill.py", cmd, args.remote, master=args.master or
+                                                            job.master or "local[*]", name=f"backfill:{job.name}"),
                                   JobControl(job.control_dir))
         summary = json.loads(result.read_text()) if result.exists() else {}
     if args.json:
@@ -53,6 +52,7 @@ def add_parsers(sub) -> None:
     b.add_argument("--from", dest="start", help="event time from, ISO-8601 (UTC unless it has an offset)")
     b.add_argument("--to", dest="end", help="event time to, exclusive; without --from/--to: every pending late event")
     b.add_argument("--dry-run", action="store_true", help="list the windows and late events, change nothing")
-    b.add_argument("--master", help="Spark master (default: the job's)")
+    b.add_argument("--master", help="Spark master when it runs as a spark-submit (default: the job's)")
+    add_remote_argument(b, "the backfill")
     b.add_argument("--json", action="store_true", help="print the whole result as JSON")
     b.set_defaults(func=cmd_backfill)

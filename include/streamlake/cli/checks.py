@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from streamlake.cli.common import add_job_arguments, print_json, resolve_job
+from streamlake.cli.common import add_job_arguments, add_remote_argument, connect_or_submit_command, print_json, resolve_job
 
 
 def cmd_check(args) -> int:
@@ -42,19 +42,10 @@ def cmd_check(args) -> int:
         if job.definition is None or args.kafka_only:
             return 0
     from streamlake.cli.ingest import run_job_foreground
-    from streamlake.platform.spark_connect import connect_url
-    from streamlake.spark.session import connect_client_command, spark_submit_command
 
     verify_args = ["--job", job.name, "--operation", args.operation, "--no-quality"]
-    remote = connect_url(args.remote)
-    if remote:
-        print(f"checks on the Spark Connect server {remote}", file=sys.stderr)
-        cmd = connect_client_command("verify.py", verify_args, remote)
-    else:
-        if args.remote:
-            print(f"no Spark Connect server answers at {args.remote}: spark-submit", file=sys.stderr)
-        cmd = spark_submit_command("verify.py", verify_args, master=args.master or job.master or "local[*]",
-                                   name=f"check:{job.name}")
+    cmd = connect_or_submit_command("verify.py", verify_args, args.remote, master=args.master or job.master or
+                                    "local[*]", name=f"check:{job.name}")
     return run_job_foreground(cmd, job.control)
 
 
@@ -68,8 +59,7 @@ def add_parsers(sub) -> None:
                    help="audit every bronze row against Kafka (default: only what changed since the last proof)")
     c.add_argument("--version", type=int, help="check bronze at this Delta version (default latest)")
     c.add_argument("--list", action="store_true", help="past checks, newest first")
-    c.add_argument("--remote", help="sc://host:port of a Spark Connect server to run the checks on (default: the "
-                                    "platform's, when it runs; else a spark-submit)")
+    add_remote_argument(c, "the checks")
     c.add_argument("--proofs", action="store_true", help="verified ranges recorded by passing checks, newest first")
     c.add_argument("--limit", type=int, default=20)
     c.add_argument("--master", help="Spark master for the pipeline checks (default: the job's)")

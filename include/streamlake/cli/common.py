@@ -50,3 +50,28 @@ def resolve_job(args):
     if not (jobs_dir() / f"{job.name}.json").exists():
         save_job(job)
     return job
+
+
+def add_remote_argument(parser, what: str) -> None:
+    """``--remote sc://host:port``: where a Spark Connect-capable job (check, backfill) runs."""
+    parser.add_argument("--remote", help=f"sc://host:port of a Spark Connect server to run {what} on (default: the "
+                                         "platform's, when it runs; else a spark-submit)")
+
+
+def connect_or_submit_command(application: str, job_args: list[str], remote: str | None, *, master: str,
+                              name: str) -> list[str]:
+    """argv running ``jobs/<application>`` as a client of the Spark Connect server ``remote``
+    (``--remote``) or, without one, of the platform's running server; spark-submit on
+    ``master`` when no server answers. Says on stderr which it is."""
+    import sys
+
+    from streamlake.platform.spark_connect import connect_url
+    from streamlake.spark.session import connect_client_command, spark_submit_command
+
+    url = connect_url(remote)
+    if url:
+        print(f"{name} on the Spark Connect server {url}", file=sys.stderr)
+        return connect_client_command(application, job_args, url)
+    if remote:
+        print(f"no Spark Connect server answers at {remote}: spark-submit", file=sys.stderr)
+    return spark_submit_command(application, job_args, master=master, name=name)

@@ -98,8 +98,8 @@ def cmd_platform(args) -> int:
                                  total_executor_cores=1, executor_cores=1))
     if not args.no_spark_connect:
         server = spark_connect.start(args.spark_connect_port)
-        print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation run "
-              f"on it, no JVM start each")
+        print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation and the "
+              f"backfills run on it, no JVM start each")
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
     info = airflow_setup.start(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port)
     print(f"Airflow UI:        {info['url']}")

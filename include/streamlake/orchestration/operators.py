@@ -21,7 +21,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 # The pool of the tasks that start a JVM (a pipeline run, a backfill): ``streamlake platform``
 # sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
 # 2-core machine never starts more Spark applications than it has cores; elsewhere Airflow's
-# default_pool. Verify runs outside it: it is a client of the long-lived Spark Connect server.
+# default_pool. Verify and backfill run outside it: they are clients of the long-lived Spark
+# Connect server.
 SPARK_POOL_ENV = "STREAMLAKE_SPARK_POOL"
 
 
@@ -76,32 +77,19 @@ class JobRunOperator(_JobSubmitOperator):
         return job_args(job, continuous=False)
 
 
-class JobVerifyOperator(_JobSubmitOperator):
-    """Every check and the data-quality validation after an operation (``jobs/verify.py``,
-    :func:`streamlake.operations.verify.verify_job`): bronze against Kafka, every bronze
-    row once downstream, gold against a recompute, Great Expectations on the rows the
-    operation added. Fails (with the failing checks or expectations in the log) when
-    one fails. ``expected_offsets`` (JSON) and ``version`` pin bronze's check, e.g. to a
-    savepoint.
-
-    Where it runs: on the long-lived Spark Connect server of ``spark_connect_conn_id`` (a
-    ``spark_connect`` connection; ``make run`` starts the server and defines
+class _ConnectFirstOperator(_JobSubmitOperator):
+    """A job that runs on the long-lived Spark Connect server of ``spark_connect_conn_id``
+    (a ``spark_connect`` connection; ``make run`` starts the server and defines
     ``spark_connect_default``) as a thin Python client, no JVM of its own; when that
     connection is not defined or its server does not answer, spark-submit on
-    ``spark_conn_id`` as every other job (the log says which)."""
+    ``spark_conn_id`` as every other job (the log says which). The application must accept
+    ``--remote sc://host:port``."""
 
-    job_application = "verify.py"
     starts_a_jvm = False  # a Spark Connect client where the server answers (the fallback is rare)
-    template_fields = (*_JobSubmitOperator.template_fields, "operation", "expected_offsets", "version",
-                       "spark_connect_conn_id")
-    ui_color = "#e8e4f0"
+    template_fields = (*_JobSubmitOperator.template_fields, "spark_connect_conn_id")
 
-    def __init__(self, *, operation: str, expected_offsets: str | None = None, version: str | int | None = None,
-                 spark_connect_conn_id: str | None = "spark_connect_default", **kwargs: Any) -> None:
+    def __init__(self, *, spark_connect_conn_id: str | None = "spark_connect_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.operation = operation
-        self.expected_offsets = expected_offsets
-        self.version = version
         self.spark_connect_conn_id = spark_connect_conn_id
 
     def _connect_url(self) -> str | None:
@@ -143,6 +131,26 @@ class JobVerifyOperator(_JobSubmitOperator):
                                    f"(exit status {result.exit_code}): {result.output}")
         return None
 
+
+class JobVerifyOperator(_ConnectFirstOperator):
+    """Every check and the data-quality validation after an operation (``jobs/verify.py``,
+    :func:`streamlake.operations.verify.verify_job`): bronze against Kafka, every bronze
+    row once downstream, gold against a recompute, Great Expectations on the rows the
+    operation added. Fails (with the failing checks or expectations in the log) when
+    one fails. ``expected_offsets`` (JSON) and ``version`` pin bronze's check, e.g. to a
+    savepoint. Runs on the Spark Connect server where one answers (see the base class)."""
+
+    job_application = "verify.py"
+    template_fields = (*_ConnectFirstOperator.template_fields, "operation", "expected_offsets", "version")
+    ui_color = "#e8e4f0"
+
+    def __init__(self, *, operation: str, expected_offsets: str | None = None, version: str | int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.operation = operation
+        self.expected_offsets = expected_offsets
+        self.version = version
+
     def job_arguments(self, job) -> list[str]:
         from streamlake.orchestration.tasks import run_context
 
@@ -155,8 +163,9 @@ class JobVerifyOperator(_JobSubmitOperator):
         return args
 
 
-class JobBackfillOperator(_JobSubmitOperator):
-    """Backfill a job's gold from its pending late events (``jobs/backfill.py``).
+class JobBackfillOperator(_ConnectFirstOperator):
+    """Backfill a job's gold from its pending late events (``jobs/backfill.py``), on the Spark
+    Connect server where one answers (see the base class).
 
     ``window`` is the templated XCom dict of the range task: ``start``/``end``
     (ISO-8601 or None for all pending), ``dry_run`` and ``run_id``. The job restates
@@ -166,7 +175,7 @@ class JobBackfillOperator(_JobSubmitOperator):
     """
 
     job_application = "backfill.py"
-    template_fields = (*_JobSubmitOperator.template_fields, "window")
+    template_fields = (*_ConnectFirstOperator.template_fields, "window")
     ui_color = "#f3ead7"
 
     def __init__(self, *, window: Any, **kwargs: Any) -> None:

@@ -176,8 +176,8 @@ own in `late_events/<aggregate>` with `applied = false`. This DAG applies them:
    *all pending late events*, one aggregate or every one ({', '.join(f'`{a}`' for a in aggregates)});
    *dry run* lists what would change. A **scheduled** run (hourly) and Airflow's own **Backfill** (the
    trigger dialog's *Backfill* tab) repair their **data interval**.
-2. **backfill** (spark-submit `jobs/backfill.py`): per aggregate, pins silver at the version gold has
-   consumed, recomputes every window the pending late events of the range belong to, replaces them in
+2. **backfill** (`jobs/backfill.py` on the platform's Spark Connect server; spark-submit when none
+   answers): per aggregate, pins silver at the version gold has consumed, recomputes every window the pending late events of the range belong to, replaces them in
    **one Delta commit**, marks those late events applied; then proves gold equals a recompute from
    silver for the range and every bronze row is accounted for once (recorded in `consistency_checks`),
    and validates data quality. Safe while the pipeline runs; a second run changes nothing.
@@ -216,8 +216,9 @@ Shell: `streamlake backfill --job {job.name} [--aggregate NAME] [--from T1 --to 
                                          "would be applied; change nothing."),
             "spark_conn_id": Param("spark_default", type="string", enum=["spark_default", "spark_cluster"],
                                    title="Spark connection", section="Where",
-                                   description="Where the backfill job runs: spark_default (local[*]) or "
-                                               "spark_cluster."),
+                                   description="Where the backfill job runs when no Spark Connect server "
+                                               "answers (it runs on that server when one does): spark_default "
+                                               "(local[*]) or spark_cluster."),
         },
     ) as dag:
 
@@ -234,7 +235,8 @@ Shell: `streamlake backfill --job {job.name} [--aggregate NAME] [--from T1 --to 
         backfill = JobBackfillOperator(
             task_id="backfill", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", window=window,
             inlets=[tables["silver"], *late] if "silver" in tables else late, outlets=[*gold, *late],
-            doc_md="spark-submit jobs/backfill.py: restate the windows, mark late events applied, prove and record.")
+            doc_md="jobs/backfill.py on the Spark Connect server (spark-submit when none answers): restate the "
+                   "windows, mark late events applied, prove and record.")
 
         @task(task_id="report")
         def report(window: dict) -> dict:
