@@ -165,18 +165,35 @@ def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produc
         assert sum(r.late_events for r in results[agg.name]) + final.late_events == applied.count()
 
 
-def test_a_backfill_before_the_first_pipeline_run_has_nothing_to_do(tmp_path):
-    """The hourly schedule's first run can come before the job's first pipeline run (it did on
-    the live platform): no gold yet means no late event is pending, which is not a failure."""
+def test_a_backfill_before_the_pipeline_reached_gold_has_nothing_to_do(tmp_path):
+    """The hourly schedule's first run, or a user's, can come before the job's first pipeline
+    run has reached gold (both happened on the live platform): no gold yet, or a gold table
+    the stage created but has not committed to, means no late event is pending, which is not
+    a failure; nothing is written."""
     from helpers import EXAMPLES
+    from streamlake.delta.table import ensure_table, open_table
     from streamlake.operations.backfills import backfill_job
     from streamlake.operations.jobs import JobSpec
+    from streamlake.pipeline.schemas import gold_spec
 
     job = JobSpec(name="not-run-yet", root=str(tmp_path / "job"), definition_file=str(EXAMPLES / "orders.yaml"))
     summary = backfill_job(None, job, run_id="bf-early")  # returns before it needs Spark
     assert summary["late_events"] == 0 and summary["checks"] == []
-    assert all(e["gold_version"] is None and "does not exist yet" in e["summary"] for e in summary["aggregates"])
+    assert all(e["gold_version"] is None and "gold has consumed no silver yet" in e["summary"]
+               for e in summary["aggregates"])
     assert not (tmp_path / "job" / "gold").exists()
+
+    d = job.definition
+    for agg in d.aggregates:  # what the gold stage's start creates before its first micro-batch
+        ensure_table(job.table_path(agg.gold_table), gold_spec(d, agg))
+    summary = backfill_job(None, job, run_id="bf-early-2")
+    assert summary["late_events"] == 0 and summary["checks"] == []
+    assert all("gold has consumed no silver yet" in e["summary"] for e in summary["aggregates"])
+    assert all(open_table(job.table_path(a.gold_table)).version() == 0 for a in d.aggregates), "nothing written"
+    from streamlake.operations.records import recent_operations
+
+    listed = [o for o in recent_operations(10, job.name) if o["operation"] == "backfill"]
+    assert len(listed) == 2, "each run is listed in the operations view, nothing to do as it was"
 
 
 def test_late_events_view_shows_pending_hours_per_aggregate_and_links_the_prefilled_form(spark, with_late_events):

@@ -71,19 +71,22 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     assert status == 200 and {d["dag_id"] for d in body["dags"]} == DAGS, body
     shot = lambda name: page.shots / f"live-{name}.png"  # noqa: E731
 
-    # A savepoint, both pipelines' ingest and both backfills (defaults: every aggregate, all
-    # pending late events), every field as the form shows it. They run side by side, as a
-    # user's would: each must succeed.
+    # A savepoint and both pipelines' ingest, then, once data has landed, both backfills
+    # (defaults: every aggregate, all pending late events), every field as the form shows it.
+    # They run side by side, as a user's would: each must succeed.
     savepoint = trigger_from_form(page, base, "savepoint", screenshot=shot("02-savepoint-form"), rest=rest)
-    runs = {dag: trigger_from_form(page, base, dag, rest=rest)
-            for dag in ("ingest_sensors", "ingest_orders", "backfill_orders", "backfill_sensors")}
+    runs = {dag: trigger_from_form(page, base, dag, rest=rest) for dag in ("ingest_sensors", "ingest_orders")}
     assert rest.run("savepoint", savepoint)["conf"]["job"] == "sensors"
     succeeded(rest, "savepoint", savepoint)
     for dag, run_id in runs.items():
         succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
-    # The proofs ran on the platform's Spark Connect server, not in a JVM of their own.
-    for dag, run_id in (("savepoint", savepoint), ("ingest_sensors", runs["ingest_sensors"])):
-        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, "verify"), (dag, run_id)
+    backfills = {dag: trigger_from_form(page, base, dag, rest=rest) for dag in ("backfill_orders", "backfill_sensors")}
+    for dag, run_id in backfills.items():
+        succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
+    # The proofs and the backfills ran on the platform's Spark Connect server, not in a JVM of their own.
+    for dag, run_id, task in (("savepoint", savepoint, "verify"), ("ingest_sensors", runs["ingest_sensors"], "verify"),
+                              ("backfill_orders", backfills["backfill_orders"], "backfill")):
+        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, task), (dag, run_id)
     backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
     assert any(o["operation"] == "backfill" for o in backfill), backfill
 

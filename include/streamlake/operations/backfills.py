@@ -41,11 +41,10 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
     """Backfill ``job``'s gold tables (one ``aggregate``, or every one) for ``[start, end)``
     (all pending late events when both are None), prove and record it; see the module
     docstring. Returns a JSON-able summary (one entry per aggregate under ``aggregates``)."""
-    from streamlake.delta.table import table_exists
     from streamlake.operations.consistency import record_pipeline_check, require_passed
     from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
     from streamlake.operations.records import record_operation
-    from streamlake.pipeline.backfill import AggregatePaths, BackfillError, run_backfill
+    from streamlake.pipeline.backfill import AggregatePaths, BackfillError, gold_has_consumed_silver, run_backfill
 
     definition = job.definition
     if definition is None or "gold" not in job.run_stages:
@@ -58,11 +57,12 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
     results, checks, touched = [], [], {}
     for agg in aggregates:
         paths = AggregatePaths.of(job.root, agg)
-        if not table_exists(paths.gold):
-            # Late events are written by the gold stage: without gold there is none pending. Not an
-            # error: the hourly schedule's first run may come before the job's first pipeline run.
-            text = (f"backfill {run_id} of gold/{agg.name}: nothing to backfill, the table does not exist yet "
-                    "(its pipeline has not run), so no late event is pending")
+        if not gold_has_consumed_silver(paths.gold):
+            # Late events are written with gold's commits: before its first one none is pending. Not
+            # an error: the hourly schedule's first run, or a user's, may come before the job's first
+            # pipeline run has reached gold.
+            text = (f"backfill {run_id} of gold/{agg.name}: nothing to backfill, gold has consumed no silver yet "
+                    "(its pipeline has not reached gold), so no late event is pending")
             log.info("%s", text)
             results.append({"aggregate": agg.name, "late_events": 0, "windows": 0, "changed_windows": 0,
                             "deleted_windows": 0, "gold_version": None, "summary": text, "window_list": []})
@@ -83,6 +83,8 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
                "window_list": [f"gold/{r['aggregate']}: {w}" for r in results for w in r.get("window_list", [])],
                "summary": "; ".join(r["summary"] for r in results) or f"job {job.name} has no aggregates"}
     if dry_run or not touched:
+        if not dry_run:  # a run that found nothing to do is still one the operations view lists
+            record_operation("backfill", job.name, {**summary, "checks": [], **context})
         summary["checks"] = checks
         return summary
     accounting = account_for_bronze(spark, tables, definition)

@@ -145,6 +145,14 @@ class BackfillResult:
         return dict(self.__dict__)
 
 
+def gold_has_consumed_silver(gold_path: str) -> bool:
+    """Whether the gold table at ``gold_path`` exists and has committed a silver position: late
+    events are written with gold's commits, so before that none can be pending."""
+    from streamlake.delta.table import table_exists
+
+    return table_exists(gold_path) and committed_position(open_table(gold_path), "silver") is not None
+
+
 def pinned_silver_version(gold) -> tuple[int, int]:
     """(silver version gold has consumed completely, encoded position). Raises BackfillError."""
     position = committed_position(gold, "silver")
