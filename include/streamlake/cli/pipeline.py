@@ -85,7 +85,7 @@ def cmd_run(args) -> int:
         cfg = replace(cfg, query_name=args.query_name or job.name)
     print(f"pipeline: {cfg.describe()}" + (f" (job {job.name})" if job else ""), file=sys.stderr)
     cmd = spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master or "local[*]",
-                               name=f"pipeline:{cfg.query_name}")
+                               name=f"pipeline:{cfg.query_name}", short_run=cfg.available_now)
     return run_job_foreground(cmd, JobControl(cfg.control_dir))
 
 

@@ -21,7 +21,7 @@ import psutil
 from streamlake import config
 from streamlake.operations.jobs import JobSpec
 from streamlake.pipeline.config import config_to_args
-from streamlake.spark.session import job_environment, job_path, python_executable, spark_defaults
+from streamlake.spark.session import job_defaults, job_environment, job_path, python_executable, spark_defaults
 from streamlake.operations.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,12 @@ def job_args(job: JobSpec, continuous: bool) -> list[str]:
     return config_to_args(job.pipeline_config(continuous))
 
 
-def spark_conf(job: JobSpec) -> dict[str, str]:
-    """Spark properties: platform defaults, the job's resources, this interpreter for
-    executors on any cluster."""
-    return {**spark_defaults(), **job.spark_conf(), "spark.pyspark.python": python_executable(),
-            "spark.pyspark.driver.python": python_executable()}
+def spark_conf(job: JobSpec, application: str = PIPELINE_APPLICATION, short_run: bool = False) -> dict[str, str]:
+    """Spark properties of ``jobs/<application>`` for the job: platform and application defaults
+    (:func:`~streamlake.spark.session.job_defaults`; ``short_run``: one available-now run), the
+    job's resources, this interpreter for executors on any cluster."""
+    return {**spark_defaults(), **job_defaults(application, short_run), **job.spark_conf(),
+            "spark.pyspark.python": python_executable(), "spark.pyspark.driver.python": python_executable()}
 
 
 def spark_env() -> dict[str, str]:

@@ -31,6 +31,7 @@ class _JobSubmitOperator(SparkSubmitOperator):
 
     job_application = ""
     starts_a_jvm = True  # runs in the Spark pool (SPARK_POOL_ENV)
+    short_run = False  # one short run of the application (its JVM stops JIT at C1: spark.session.SHORT_RUN_JVM)
     template_fields = (*SparkSubmitOperator.template_fields, "job_name", "spark_conn_id")
 
     def __init__(self, *, job_name: str, spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
@@ -53,7 +54,7 @@ class _JobSubmitOperator(SparkSubmitOperator):
         job = load_job(self.job_name)
         self.application = job_path(self.job_application)
         self.application_args = self.job_arguments(job)
-        self.conf = spark_conf(job)
+        self.conf = spark_conf(job, self.job_application, short_run=self.short_run)
         self.env_vars = spark_env()
         self.name = f"streamlake-{self.job_application.removesuffix('.py')}:{job.name}"
         self._conn_id = self.spark_conn_id
@@ -69,6 +70,7 @@ class JobRunOperator(_JobSubmitOperator):
     holds when the run starts, then the run ends."""
 
     job_application = "pipeline.py"
+    short_run = True  # available-now
     ui_color = "#e4f0e8"
 
     def job_arguments(self, job) -> list[str]:
