@@ -7,7 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from streamlake.cli.common import add_job_arguments, add_remote_argument, connect_or_submit_command, print_json, resolve_job
+from streamlake.cli.common import (add_job_arguments, add_remote_argument, connect_or_submit_command, print_json,
+                                   resolve_job)
 
 
 def cmd_backfill(args) -> int:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 
-from streamlake.cli.common import add_job_arguments, add_remote_argument, connect_or_submit_command, print_json, resolve_job
+from streamlake.cli.common import (add_job_arguments, add_remote_argument, connect_or_submit_command, print_json,
+                                   resolve_job)
 
 
 def cmd_check(args) -> int:

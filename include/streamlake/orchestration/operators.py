@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-# The pool of the tasks that start a JVM (a pipeline run, a backfill): ``streamlake platform``
+# The pool of the tasks that start a JVM (a pipeline run): ``streamlake platform``
 # sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
 # 2-core machine never starts more Spark applications than it has cores; elsewhere Airflow's
 # default_pool. Verify and backfill run outside it: they are clients of the long-lived Spark
