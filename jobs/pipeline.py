@@ -2,6 +2,14 @@
 
     spark-submit --master local[*] jobs/pipeline.py --definition pipelines/sensors.yaml \
         --root /data/sensors --available-now
+    python jobs/pipeline.py --definition pipelines/sensors.yaml --root /data/sensors \
+        --available-now --remote sc://127.0.0.1:15002
+
+An available-now run can run on a long-lived Spark Connect server (``--remote``)
+instead of a JVM of its own: its ``foreachBatch`` sinks then run in a Python
+process of the server's, on the server's machine, which must see the root (the
+platform's server runs beside it). A continuous run owns its JVM (its resources,
+rescaling, the supervisor), so it has no ``--remote``.
 
 Usually started by ``streamlake pipeline run``, a named job (``streamlake job
 run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
@@ -28,6 +36,8 @@ from streamlake.spark.session import get_spark
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n")[0])
     add_pipeline_arguments(parser)
+    parser.add_argument("--remote", help="sc://host:port: an available-now run on this Spark Connect server "
+                                          "(no JVM of its own)")
     args = parser.parse_args(argv)
     logs.configure()
     try:
@@ -35,8 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except StreamLakeError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
+    if args.remote and not cfg.available_now:
+        print("ERROR: --remote runs an available-now run only: a continuous run owns its JVM", file=sys.stderr)
+        return 2
     control = JobControl(cfg.control_dir)
-    spark = get_spark(f"pipeline:{cfg.query_name}")
+    spark = get_spark(f"pipeline:{cfg.query_name}", remote=args.remote)
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
         if cfg.definition is not None:

@@ -161,6 +161,9 @@ def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topi
     # the 700 records after the savepoint flow through every stage again, checked.
     code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "resumes": "restore"})
     assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
+    assert f"pipeline.py of job {job.name} on the Spark Connect server sc://" in out, \
+        "the available-now run ran as a client of the test session's Spark Connect server"
+    assert "bronze batch" in out and "pipeline finished: bronze 700 rows" in out, out[-4000:]
     assert "[restore] job" in out, "the resumed run's checks are recorded under the restore"
     for table in ("bronze", "silver", "gold/per_minute"):
         restores = [a["commitInfo"] for c in delta_log_entries(job.table_path(table)) for a in c

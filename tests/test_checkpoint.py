@@ -52,3 +52,18 @@ def test_once_the_log_has_an_entry_spark_ignores_temp_files_and_so_does_this(tmp
     planted = interrupted_checkpoint_write(tmp_path / "offsets", batch=1)
     assert QueryCheckpoint(tmp_path).discard_interrupted_first_batch() == []
     assert planted <= {p.name for p in (tmp_path / "offsets").iterdir()}
+
+
+def test_batch_results_are_taken_once_and_old_ones_not_taken_are_dropped(tmp_path):
+    """What the sink did with a batch reaches the process that follows the query, which on a
+    Spark Connect server is not the one running the sink: through the checkpoint."""
+    ck = QueryCheckpoint(tmp_path)
+    assert ck.take_batch_result(0) == {} and ck.take_batch_result(None) == {}
+    ck.save_batch_result(0, {"version": 3, "rows": 17})
+    assert QueryCheckpoint(tmp_path).take_batch_result(0) == {"version": 3, "rows": 17}
+    assert ck.take_batch_result(0) == {}, "taken once"
+    for batch in range(1, 60):
+        ck.save_batch_result(batch, {"rows": batch})
+    kept = sorted(int(p.stem) for p in (tmp_path / "streamlake" / "batches").glob("*.json"))
+    assert kept == list(range(59 - QueryCheckpoint.KEPT_BATCH_RESULTS, 60))
+    assert ck.take_batch_result(59) == {"rows": 59}

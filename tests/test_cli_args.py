@@ -31,3 +31,19 @@ def test_flag_errors_are_clear():
         _parse(["--table", "/t", "--checkpoint", "/c"])
     with pytest.raises(InvalidOptionError, match="KEY=VALUE"):
         _parse(["--table", "/t", "--checkpoint", "/c", "--topic", "a", "--kafka-option", "novalue"])
+
+
+def test_only_an_available_now_pipeline_run_goes_to_a_spark_connect_server(tmp_path):
+    """A continuous run owns its JVM (resources, rescale, supervisor): jobs/pipeline.py refuses
+    --remote with a processing-time trigger, before any session or table exists."""
+    import subprocess
+    import sys
+
+    from streamlake.config import project_root
+
+    done = subprocess.run([sys.executable, str(project_root() / "jobs" / "pipeline.py"), "--definition",
+                           str(project_root() / "pipelines" / "sensors.yaml"), "--root", str(tmp_path / "r"),
+                           "--processing-time", "5", "--remote", "sc://127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "available-now run only" in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()

@@ -69,9 +69,9 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
 
 
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
-    """Every task that starts a Spark application (ingest) takes a slot of the pool
-    ``streamlake platform`` sizes to the cores (STREAMLAKE_SPARK_POOL); verify and backfill,
-    Spark Connect clients, do not wait for one. Without the variable, Airflow's default pool, so
+    """Every pipeline run (ingest: a Spark application, or the heavy work on the Spark Connect
+    server) takes a slot of the pool ``streamlake platform`` sizes to the cores
+    (STREAMLAKE_SPARK_POOL); verify and backfill, light Spark Connect clients, do not wait for one. Without the variable, Airflow's default pool, so
     a user's own Airflow runs the DAGs unchanged."""
     from airflow.dag_processing.dagbag import DagBag
 
@@ -86,6 +86,21 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     monkeypatch.setenv(SPARK_POOL_ENV, SPARK_POOL)
     pooled = pools(DagBag(dag_folder=str(ROOT / "dags")))
     assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": "default_pool", "verify": "default_pool"}
+
+
+def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
+    """The ingest DAG's available-now run is a Spark Connect client unless the user chose the
+    cluster's master or the job has Spark resources of its own (which the shared server would
+    ignore: a rescale's must take effect)."""
+    from streamlake.operations.jobs import JobSpec
+    from streamlake.orchestration.operators import JobRunOperator
+
+    job = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
+    default = JobRunOperator(task_id="a", job_name="j")
+    assert default.needs_own_jvm(job) is None
+    assert "spark_cluster" in JobRunOperator(task_id="b", job_name="j", spark_conn_id="spark_cluster").needs_own_jvm(job)
+    rescaled = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml", total_executor_cores=2)
+    assert "spark.cores.max" in default.needs_own_jvm(rescaled)
 
 
 def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):

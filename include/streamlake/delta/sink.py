@@ -189,7 +189,6 @@ class DeltaKafkaSink:
         self.stats_columns = stats_columns
         self.file_constants = file_constants
         self.last_result: CommitResult | None = None
-        self.results: dict[int, CommitResult] = {}  # recent batches' results, for progress reports
         self._table = None  # the table, kept between batches and brought up to date incrementally
 
     @property
@@ -198,9 +197,12 @@ class DeltaKafkaSink:
         return self.file_constants is not None
 
     def __call__(self, df, batch_id: int) -> None:
-        self.last_result = self.results[batch_id] = self.commit_batch(df, batch_id)
-        for old in [b for b in self.results if b < batch_id - 50]:
-            del self.results[old]
+        """Commit the batch; its Delta version and timings go to the query's checkpoint for the
+        progress line (:meth:`QueryCheckpoint.take_batch_result`)."""
+        self.last_result = self.commit_batch(df, batch_id)
+        self.checkpoint.save_batch_result(batch_id, {"version": self.last_result.version,
+                                                     "timings": dict(self.last_result.timings),
+                                                     "rows": self.last_result.records})
 
     def _current_table(self):
         """The table's latest snapshot: opened (created) once, then updated incrementally,

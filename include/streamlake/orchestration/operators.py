@@ -22,7 +22,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 # sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
 # 2-core machine never starts more Spark applications than it has cores; elsewhere Airflow's
 # default_pool. Verify and backfill run outside it: they are clients of the long-lived Spark
-# Connect server.
+# Connect server. A pipeline run stays in it where it runs on that server too: it is the heavy work.
 SPARK_POOL_ENV = "STREAMLAKE_SPARK_POOL"
 
 
@@ -64,21 +64,6 @@ class _JobSubmitOperator(SparkSubmitOperator):
         super().execute(context)
 
 
-class JobRunOperator(_JobSubmitOperator):
-    """Run a job's pipeline once with available-now triggers (``jobs/pipeline.py``): every
-    stage (bronze ingest, silver, gold, as the job defines) catches up with what Kafka
-    holds when the run starts, then the run ends."""
-
-    job_application = "pipeline.py"
-    short_run = True  # available-now
-    ui_color = "#e4f0e8"
-
-    def job_arguments(self, job) -> list[str]:
-        from streamlake.operations.runner import job_args
-
-        return job_args(job, continuous=False)
-
-
 class _ConnectFirstOperator(_JobSubmitOperator):
     """A job that runs on the long-lived Spark Connect server of ``spark_connect_conn_id``
     (a ``spark_connect`` connection; ``make run`` starts the server and defines
@@ -112,6 +97,10 @@ class _ConnectFirstOperator(_JobSubmitOperator):
                           self.spark_connect_conn_id, configured)
         return remote
 
+    def needs_own_jvm(self, job) -> str | None:
+        """Why this run must be a spark-submit even where a server answers; None: it need not."""
+        return None
+
     def execute(self, context) -> None:
         from airflow.providers.common.compat.sdk import AirflowException
         from airflow.providers.standard.hooks.subprocess import SubprocessHook
@@ -120,10 +109,14 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         from streamlake.operations.runner import spark_env
         from streamlake.spark.session import connect_client_command
 
+        job = load_job(self.job_name)
+        reason = self.needs_own_jvm(job)
+        if reason:
+            self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
+            return super().execute(context)
         remote = self._connect_url()
         if remote is None:
             return super().execute(context)
-        job = load_job(self.job_name)
         cmd = connect_client_command(self.job_application, self.job_arguments(job), remote)
         self.log.info("%s of job %s on the Spark Connect server %s (no JVM of its own)", self.job_application,
                       job.name, remote)
@@ -131,6 +124,31 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         if result.exit_code != 0:
             raise AirflowException(f"{self.job_application} of job {job.name} failed "
                                    f"(exit status {result.exit_code}): {result.output}")
+        return None
+
+
+class JobRunOperator(_ConnectFirstOperator):
+    """Run a job's pipeline once with available-now triggers (``jobs/pipeline.py``): every
+    stage (bronze ingest, silver, gold, as the job defines) catches up with what Kafka
+    holds when the run starts, then the run ends. On the Spark Connect server when it
+    answers, unless the run must have a JVM of its own: the ``spark_cluster`` master was
+    chosen, or the job has Spark resources of its own (a rescale gave it some)."""
+
+    job_application = "pipeline.py"
+    short_run = True  # available-now
+    starts_a_jvm = True  # the heavy work: in the Spark pool on the server too, as in a JVM of its own
+    ui_color = "#e4f0e8"
+
+    def job_arguments(self, job) -> list[str]:
+        from streamlake.operations.runner import job_args
+
+        return job_args(job, continuous=False)
+
+    def needs_own_jvm(self, job) -> str | None:
+        if self.spark_conn_id != "spark_default":
+            return f"the run asks for the master of {self.spark_conn_id}"
+        if job.spark_conf():
+            return f"the job has Spark resources of its own ({job.spark_conf()})"
         return None
 
 

@@ -67,8 +67,11 @@ Defined in `{definition.source}` (`streamlake pipeline validate` prints it); tab
 Two modes, chosen by the `mode` param:
 
 * **scheduled** (what the schedule runs, every {INGEST_EVERY_MINUTES} minutes): every stage with the
-  *available-now* trigger, one after the other, through the Spark provider's `spark-submit` on the
-  master of the `spark_conn_id` connection. Everything Kafka holds at the start flows through to gold.
+  *available-now* trigger, one after the other. Everything Kafka holds at the start flows through to
+  gold. It runs on the platform's Spark Connect server (`spark_connect_default`) when that answers,
+  with no JVM of its own; with `spark_cluster`, when the job has Spark resources of its own (after a
+  rescale), or when no server answers, through the Spark provider's `spark-submit` on the master of
+  the `spark_conn_id` connection. The task log says which.
 * **continuous** (trigger by hand): a supervisor keeps the processing-time queries running and restarts
   them by the restart strategy in the params (`fixed-delay`, `failure-rate` or `none`, as in Flink).
   The run ends when the job is stopped (`streamlake job stop {job.name}`, or the `savepoint` DAG with
@@ -119,12 +122,13 @@ recompute from silver, and Great Expectations on the rows the run added (StreamL
 
         @task.branch(task_id="choose_mode")
         def choose_mode(params: dict) -> str:
-            """Scheduled -> one available-now spark-submit; continuous -> the supervisor."""
+            """Scheduled -> one available-now run; continuous -> the supervisor."""
             return "ingest_available_now" if params["mode"] == "scheduled" else "supervise_continuous"
 
         ingest = JobRunOperator(
             task_id="ingest_available_now", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",
-            doc_md="The pipeline's stages, available-now, one after the other, via spark-submit.",
+            doc_md="The pipeline's stages, available-now, one after the other: on the Spark Connect server, "
+                   "or a spark-submit of its own (the log says which and why).",
             inlets=topics, outlets=tables)
 
         @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables)

@@ -169,7 +169,7 @@ class _Follower:
 
     def _drain(self, running: list[RunningQuery], seen: dict[str, int]) -> None:
         for r in running:
-            for p in r.query.recentProgress:
+            for p in map(_plain_progress, r.query.recentProgress):
                 if p["batchId"] <= seen.get(r.stage, -1):
                     continue
                 seen[r.stage] = p["batchId"]
@@ -187,6 +187,13 @@ class _Follower:
                 with self.progress_path.open("a") as fh:
                     fh.write(json.dumps(line, default=str) + "\n")
                 self.report(format_line(line))
+
+
+def _plain_progress(progress) -> dict:
+    """A progress report as the plain dict of Spark's JSON. On Spark Connect, pyspark 4.2 hands
+    out StreamingQueryProgress objects whose dict items are partly None (``numInputRows``
+    among them) while their attributes and ``json`` are right."""
+    return json.loads(progress.json) if hasattr(progress, "json") else progress
 
 
 def stop_at_boundary(query) -> None:

@@ -58,6 +58,7 @@ from streamlake.pipeline.stage import (
     with_commit_retries,
 )
 from streamlake.pipeline.windows import WindowSpec, merge_sessions
+from streamlake.spark.session import is_connect
 
 log = logging.getLogger(__name__)
 
@@ -353,9 +354,12 @@ class GoldStage(DeltaFedStage):
                 candidate = newest // 1000 - self.aggregate.allowed_lateness_ms
                 new_wm = candidate if wm is None else max(wm, candidate)
             windows = self._commit(batch, partials, new_wm)
+            # A query on a Spark Connect server reports no input rows for foreachBatch: count them
+            # here (the events are cached); elsewhere Spark's progress has them.
+            rows = {"rows": events.count()} if is_connect(df.sparkSession) else {}
         finally:
             events.unpersist()
-        return {"late": late.rows if late else 0, "windows": windows, "watermark": new_wm}
+        return {"late": late.rows if late else 0, "windows": windows, "watermark": new_wm, **rows}
 
     def _late_stats(self) -> tuple[str, ...]:
         ids = (self.definition.event_id,) if self.definition.event_id else ()

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +47,7 @@ from streamlake.errors import InvalidOptionError
 from streamlake.pipeline import bronze
 from streamlake.pipeline.driver import run_stages
 from streamlake.spark.checkpoint import QueryCheckpoint
+from streamlake.spark.session import is_connect
 from streamlake.operations.control import JobControl
 from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
@@ -167,6 +168,11 @@ class IngestRun:
 
 def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     """Start the bronze ingest query. Raises the source's option/Kafka errors up front."""
+    if cfg.writer == "source" and is_connect(spark):
+        # The fast path hands each batch's attempt to the read tasks as a job-local property,
+        # which a Spark Connect session cannot set: Spark's writer writes the same commit.
+        log.info("%s: on a Spark Connect server, Spark's writer writes the files", cfg.query_name)
+        cfg = replace(cfg, writer="spark")
     storage = cfg.storage()
     require_safe_commits(storage)  # before anything is read or written
     register(spark)
@@ -230,18 +236,18 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
     source = (progress.get("sources") or [{}])[0]
     end, latest = _progress_offsets(source.get("endOffset")), _progress_offsets(source.get("latestOffset"))
     lag = {str(tp): max(0, latest[tp] - end.get(tp, latest[tp])) for tp in sorted(latest)}
-    result = sink.results.get(progress.get("batchId"))
+    result = sink.checkpoint.take_batch_result(progress.get("batchId"))
     return {
         "batchId": progress.get("batchId"),
         "timestamp": progress.get("timestamp"),
-        "numInputRows": progress.get("numInputRows", 0),
+        "numInputRows": progress.get("numInputRows", result.get("rows", 0)),  # see driver.input_rows
         "inputRowsPerSecond": round(progress.get("inputRowsPerSecond") or 0.0, 1),
         "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
         "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
         "durations": progress.get("durationMs", {}),
         "lag": lag,
-        "deltaVersion": result.version if result and result.batch_id == progress.get("batchId") else None,
-        "sinkMs": dict(result.timings) if result and result.batch_id == progress.get("batchId") else {},
+        "deltaVersion": result.get("version"),
+        "sinkMs": result.get("timings", {}),
     }
 
 

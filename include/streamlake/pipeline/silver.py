@@ -157,7 +157,9 @@ class SilverStage(DeltaFedStage):
         events_written = written.rows if written else 0
         return {"valid": events_written + dropped.num_rows if d.event_id else events_written,
                 "quarantined": quarantined.rows if quarantined else 0, "events": events_written,
-                "duplicates": dropped.num_rows, "candidates": candidates}
+                "duplicates": dropped.num_rows, "candidates": candidates,
+                # every bronze row of the batch is quarantined, an event or a dropped duplicate
+                "rows": (quarantined.rows if quarantined else 0) + events_written + dropped.num_rows}
 
     def duplicates(self, candidates: pa.Table) -> pa.Table:
         """Lineage (topic, partition, offset) of the valid records to drop: all but the first

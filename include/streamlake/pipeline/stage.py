@@ -289,11 +289,10 @@ class DeltaFedStage:
     ``prepare()`` and ``process(df, batch)``."""
 
     def __call__(self, df, batch_id: int) -> None:
-        result = self.process(df, batch_range(QueryCheckpoint(self.checkpoint), batch_id))
-        results = self.__dict__.setdefault("_results", {})
-        results[batch_id] = result
-        for old in [b for b in results if b < batch_id - 50]:
-            results.pop(old)
+        """Process the batch; what it did goes to the query's checkpoint for the progress line
+        (:meth:`QueryCheckpoint.take_batch_result`: the sink may run in another process)."""
+        checkpoint = QueryCheckpoint(self.checkpoint)
+        checkpoint.save_batch_result(batch_id, self.process(df, batch_range(checkpoint, batch_id)))
 
     def start(self, spark, available_now: bool):
         """Start the stage's streaming query on ``streamlake-delta`` (see :func:`resume_options`)."""
@@ -316,13 +315,13 @@ class DeltaFedStage:
         return RunningQuery(self.name, writer.start(), self.progress_line)
 
     def progress_line(self, progress: dict) -> dict:
-        result = self.__dict__.get("_results", {}).pop(progress.get("batchId"), {})
+        result = QueryCheckpoint(self.checkpoint).take_batch_result(progress.get("batchId"))
         return {
             "batchId": progress.get("batchId"),
             "timestamp": progress.get("timestamp"),
-            "numInputRows": progress.get("numInputRows", 0),
+            "numInputRows": progress.get("numInputRows", result.pop("rows", 0)),
             "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
             "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
             "endOffset": (progress.get("sources") or [{}])[0].get("endOffset"),
-            **result,
+            **{k: v for k, v in result.items() if k != "rows"},
         }

@@ -12,7 +12,11 @@ source; queries built by :mod:`streamlake.pipeline.ingest` have exactly one sour
 ``streamlake/initial-position.json`` (Delta sources) are ours: the resolved
 start of a new query, written once before the query starts, so a query
 restarted before its first batch committed re-runs that batch from the same
-start (as Spark's own Kafka source does with its initial-offset log).
+start (as Spark's own Kafka source does with its initial-offset log). So is
+``streamlake/batches/<batch>.json``: what the sink did with a micro-batch (Delta
+version, counts), for the progress line of the process that follows the query,
+which is not the one running the sink when the query runs on a Spark Connect
+server (``foreachBatch`` then runs in a Python process of the server's).
 """
 
 from __future__ import annotations
@@ -141,6 +145,31 @@ class QueryCheckpoint:
 
     def save_initial_position(self, offset: dict | None) -> None:
         _write_atomically(self.initial_position_file, offset)
+
+    KEPT_BATCH_RESULTS = 50  # results nobody took (nobody followed the query) are dropped after this many batches
+
+    def save_batch_result(self, batch_id: int, result: dict) -> None:
+        """What the sink did with micro-batch ``batch_id`` (JSON), written atomically for
+        :meth:`take_batch_result`; drops results older than KEPT_BATCH_RESULTS batches."""
+        folder = self.path / "streamlake" / "batches"
+        _write_atomically(folder / f"{batch_id}.json", result)
+        for name in os.listdir(folder):
+            stem = name.removesuffix(".json")
+            if stem.isdigit() and int(stem) < batch_id - self.KEPT_BATCH_RESULTS:
+                (folder / name).unlink(missing_ok=True)
+
+    def take_batch_result(self, batch_id: int | None) -> dict:
+        """The result :meth:`save_batch_result` kept for ``batch_id``, removed once read;
+        {} when there is none (a replayed batch, or one already taken)."""
+        if batch_id is None:
+            return {}
+        path = self.path / "streamlake" / "batches" / f"{batch_id}.json"
+        try:
+            result = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        path.unlink(missing_ok=True)
+        return result
 
 
 def _write_atomically(target: Path, obj) -> None:

@@ -120,6 +120,11 @@ def connect_client_command(job: str, args: Sequence[str], remote: str) -> list[s
     return [python_executable(), job_path(job), *args, "--remote", remote]
 
 
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Mapping[str, str] | None = None,
               remote: str | None = None):
     """A SparkSession with the platform's defaults (reuses the active one if any).
