@@ -67,8 +67,8 @@ def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables
     B/pipe`, then `backfill --root B/pipe` and `backfill --root A/pipe`. Both backfills
     succeed and each touches only its own tables; the job spec records the options given.
     The second wave of data goes through each root's recorded job in the test's SparkSession
-    (the same stages `pipeline run` runs, without two more JVM starts); B's backfill runs on
-    the session's Spark Connect server, A's as a spark-submit."""
+    (the same stages `pipeline run` runs, without two more JVM starts). B's first run and
+    backfill run on the session's Spark Connect server, A's as spark-submits."""
     topic_a, topic_b = f"pipe-a-{os.getpid()}", f"pipe-b-{os.getpid()}"
     a, b = tmp_path / "A" / "pipe", tmp_path / "B" / "pipe"
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))  # a user's home: no job named pipe yet
@@ -81,6 +81,9 @@ def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables
         runs.append(["pipeline", "run", "--definition", str(definition_file(folder, "pipe", topic)), "--root",
                      str(root), "--available-now", "--max-offsets-per-trigger", "1500",
                      "--kafka-option", "fetch.wait.max.ms=100"])
+    # B's first run goes to the test session's Spark Connect server, A's is a spark-submit (no
+    # server of the platform's in this home): both ways a user's available-now run runs.
+    runs[1] += ["--remote", f"sc://127.0.0.1:{SPARK_CONNECT_PORT}"]
     # Two waves: gold's first micro-batch has no watermark yet, the second finds late readings.
     for wave, late in ((1, 0.0), (2, 0.3)):
         for topic in (topic_a, topic_b):
@@ -88,7 +91,10 @@ def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables
                     seed=wave)
         for run, root in zip(runs, (a, b)):
             if wave == 1:
-                _run(run, env)  # the user's CLI: it names and records each root's job
+                done = _run(run, env)  # the user's CLI: it names and records each root's job
+                on_connect = "on the Spark Connect server sc://" in done.stderr
+                assert on_connect == (root == b), done.stderr
+                assert "pipeline finished: bronze 200 rows" in done.stdout, done.stdout
             else:
                 run_available_now(spark, job_for_root(root).pipeline_config())
     name_a, name_b = root_identity(a), root_identity(b)

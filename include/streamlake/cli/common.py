@@ -53,16 +53,18 @@ def resolve_job(args):
 
 
 def add_remote_argument(parser, what: str) -> None:
-    """``--remote sc://host:port``: where a Spark Connect-capable job (check, backfill) runs."""
+    """``--remote sc://host:port``: where a Spark Connect-capable job (check, backfill, an
+    available-now pipeline run) runs."""
     parser.add_argument("--remote", help=f"sc://host:port of a Spark Connect server to run {what} on (default: the "
                                          "platform's, when it runs; else a spark-submit)")
 
 
 def connect_or_submit_command(application: str, job_args: list[str], remote: str | None, *, master: str,
-                              name: str) -> list[str]:
+                              name: str, short_run: bool = False) -> list[str]:
     """argv running ``jobs/<application>`` as a client of the Spark Connect server ``remote``
     (``--remote``) or, without one, of the platform's running server; spark-submit on
-    ``master`` when no server answers. Says on stderr which it is."""
+    ``master`` when no server answers (``short_run``: see spark_submit_command). Says on stderr
+    which it is."""
     import sys
 
     from streamlake.platform.spark_connect import connect_url
@@ -74,4 +76,4 @@ def connect_or_submit_command(application: str, job_args: list[str], remote: str
         return connect_client_command(application, job_args, url)
     if remote:
         print(f"no Spark Connect server answers at {remote}: spark-submit", file=sys.stderr)
-    return spark_submit_command(application, job_args, master=master, name=name)
+    return spark_submit_command(application, job_args, master=master, name=name, short_run=short_run)

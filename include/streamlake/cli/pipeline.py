@@ -3,14 +3,19 @@
     streamlake pipeline validate FILE
     streamlake pipeline run --definition FILE --root DIR [--available-now | --processing-time S]
                             [--max-offsets-per-trigger N] [--kafka-option K=V]... [--name NAME]
+                            [--master URL | --remote sc://HOST:PORT]
 
 ``validate`` exits 0 with a one-screen summary of what the definition makes
 (tables, quarantine reasons, aggregates), or 2 with a message naming the key
 that is wrong; it creates nothing. ``run`` checks the definition (and that it
 may replace the one the root's tables were built with, see
 :mod:`streamlake.pipeline.evolution`) before anything is created, records the
-job (its name in the root, its settings as given) and runs its stages with
-spark-submit.
+job (its name in the root, its settings as given) and runs its stages: an
+available-now run on the default master goes to the Spark Connect server of
+``--remote`` or the platform's running one (no JVM start; stderr says so), like
+``check`` and ``backfill``; a continuous run, one with ``--master``, one of a
+job with Spark resources of its own, or one no server answers for, is a
+spark-submit of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+from streamlake.cli.common import add_remote_argument, connect_or_submit_command
 from streamlake.cli.ingest import run_job_foreground
 
 
@@ -84,9 +90,29 @@ def cmd_run(args) -> int:
             gold_partitions=cfg.gold_partitions, master=args.master, kafka=cfg.kafka or None))
         cfg = replace(cfg, query_name=args.query_name or job.name)
     print(f"pipeline: {cfg.describe()}" + (f" (job {job.name})" if job else ""), file=sys.stderr)
-    cmd = spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master or "local[*]",
-                               name=f"pipeline:{cfg.query_name}", short_run=cfg.available_now)
+    own_jvm = own_jvm_reason(cfg, args.master, job)
+    if args.remote and own_jvm:
+        print(f"ERROR: --remote: this run needs a JVM of its own ({own_jvm})", file=sys.stderr)
+        return 2
+    name = f"pipeline:{cfg.query_name}"
+    cmd = spark_submit_command("pipeline.py", config_to_args(cfg), master=args.master or "local[*]", name=name,
+                               short_run=cfg.available_now) if own_jvm else \
+        connect_or_submit_command("pipeline.py", config_to_args(cfg), args.remote, master="local[*]", name=name,
+                                  short_run=True)
     return run_job_foreground(cmd, JobControl(cfg.control_dir))
+
+
+def own_jvm_reason(cfg, master: str | None, job) -> str | None:
+    """Why a run must be a spark-submit of its own rather than a Spark Connect client (None: it
+    need not): a continuous run owns its JVM (resources, rescale, supervisor); a master the user
+    names, or Spark resources the job has, are about that JVM."""
+    if not cfg.available_now:
+        return "a continuous run"
+    if master:
+        return f"--master {master}"
+    if job is not None and job.spark_conf():
+        return f"the job's Spark resources {job.spark_conf()}"
+    return None
 
 
 def add_parsers(sub) -> None:
@@ -100,5 +126,6 @@ def add_parsers(sub) -> None:
     run = actions.add_parser("run", help="run bronze -> silver -> gold (spark-submit); tables under --root")
     add_pipeline_arguments(run)
     run.add_argument("--name", help="the job's name (default: the definition's; another root's name gets a suffix)")
-    run.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    run.add_argument("--master", default=None, help="Spark master URL (default local[*]; a spark-submit of its own)")
+    add_remote_argument(run, "an available-now run")
     run.set_defaults(func=cmd_run)

@@ -506,7 +506,7 @@ def check_rules(spark, definition: PipelineDefinition) -> None:
             try:
                 column = F.expr(rule.check)
                 dtype = empty.select(column.alias("r")).schema["r"].dataType
-                empty.where(column)  # aggregates and windows are refused here
+                empty.where(column).schema  # aggregates and windows are refused here (analysed: Connect is lazy)
             except PySparkException as exc:
                 raise DefinitionError(key, f"rule {rule.name}: {rule.check!r} is not a valid Spark SQL expression "
                                            f"over the declared fields: {_first_line(exc)}", definition.source) \
