@@ -71,8 +71,8 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     """Every pipeline run (ingest: a Spark application, or the heavy work on the Spark Connect
     server) takes a slot of the pool ``streamlake platform`` sizes to the cores
-    (STREAMLAKE_SPARK_POOL); verify and backfill, light Spark Connect clients, do not wait for one. Without the variable, Airflow's default pool, so
-    a user's own Airflow runs the DAGs unchanged."""
+    (STREAMLAKE_SPARK_POOL); verify and backfill, light Spark Connect clients, do not wait for one.
+    Without the variable, Airflow's default pool, so a user's own Airflow runs the DAGs unchanged."""
     from airflow.dag_processing.dagbag import DagBag
 
     from streamlake.orchestration.operators import SPARK_POOL_ENV
@@ -98,7 +98,8 @@ def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     job = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
     default = JobRunOperator(task_id="a", job_name="j")
     assert default.needs_own_jvm(job) is None
-    assert "spark_cluster" in JobRunOperator(task_id="b", job_name="j", spark_conn_id="spark_cluster").needs_own_jvm(job)
+    on_cluster = JobRunOperator(task_id="b", job_name="j", spark_conn_id="spark_cluster")
+    assert "spark_cluster" in on_cluster.needs_own_jvm(job)
     rescaled = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml", total_executor_cores=2)
     assert "spark.cores.max" in default.needs_own_jvm(rescaled)
 

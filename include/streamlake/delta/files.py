@@ -318,7 +318,8 @@ def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequenc
     spark = rows.sparkSession
     for key, value in WRITE_CONF.items():
         spark.conf.set(key, value)
-    writer = rows.select(*columns, *partition_by).write.mode("error")  # = errorifexists; Spark Connect knows only "error"
+    # "error" is "errorifexists", the one name Spark Connect knows too
+    writer = rows.select(*columns, *partition_by).write.mode("error")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.parquet(out)

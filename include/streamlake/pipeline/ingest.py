@@ -240,7 +240,8 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
     return {
         "batchId": progress.get("batchId"),
         "timestamp": progress.get("timestamp"),
-        "numInputRows": progress.get("numInputRows", result.get("rows", 0)),  # see driver.input_rows
+        # on a Spark Connect server a foreachBatch query's progress has no input rows: the sink's
+        "numInputRows": progress.get("numInputRows", result.get("rows", 0)),
         "inputRowsPerSecond": round(progress.get("inputRowsPerSecond") or 0.0, 1),
         "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
         "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
