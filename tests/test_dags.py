@@ -89,19 +89,22 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
 
 
 def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
-    """The ingest DAG's available-now run is a Spark Connect client unless the user chose the
-    cluster's master or the job has Spark resources of its own (which the shared server would
-    ignore: a rescale's must take effect)."""
+    """The ingest DAG's available-now run is a Spark Connect client when its connection names a
+    local master and the job has no Spark resources of its own; on the cluster's master, or for
+    a job with resources (``make run``'s, a rescaled one), it is an application of its own."""
     from streamlake.operations.jobs import JobSpec
     from streamlake.orchestration.operators import JobRunOperator
 
     job = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
-    default = JobRunOperator(task_id="a", job_name="j")
-    assert default.needs_own_jvm(job) is None
+    local = JobRunOperator(task_id="a", job_name="j")
+    assert local.needs_own_jvm(job) is None
     on_cluster = JobRunOperator(task_id="b", job_name="j", spark_conn_id="spark_cluster")
-    assert "spark_cluster" in on_cluster.needs_own_jvm(job)
-    rescaled = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml", total_executor_cores=2)
-    assert "spark.cores.max" in default.needs_own_jvm(rescaled)
+    assert "spark://127.0.0.1" in on_cluster.needs_own_jvm(job)
+    unknown = JobRunOperator(task_id="c", job_name="j", spark_conn_id="no_such_connection")
+    assert "no_such_connection" in unknown.needs_own_jvm(job)
+    with_resources = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml",
+                             total_executor_cores=1, executor_cores=1)
+    assert "spark.cores.max" in local.needs_own_jvm(with_resources)
 
 
 def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):

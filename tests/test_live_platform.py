@@ -83,10 +83,13 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     backfills = {dag: trigger_from_form(page, base, dag, rest=rest) for dag in ("backfill_orders", "backfill_sensors")}
     for dag, run_id in backfills.items():
         succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
-    # The proofs and the backfills ran on the platform's Spark Connect server, not in a JVM of their own.
+    # The proofs and the backfills ran on the platform's Spark Connect server, not in a JVM of
+    # their own; the ingests, of jobs with Spark resources of their own, each in its own JVM.
     for dag, run_id, task in (("savepoint", savepoint, "verify"), ("ingest_sensors", runs["ingest_sensors"], "verify"),
                               ("backfill_orders", backfills["backfill_orders"], "backfill")):
         assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, task), (dag, run_id)
+    assert "spark-submit, the job has Spark resources of its own" in \
+        rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now")
     backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
     assert any(o["operation"] == "backfill" for o in backfill), backfill
 

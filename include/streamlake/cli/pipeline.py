@@ -104,8 +104,9 @@ def cmd_run(args) -> int:
 
 def own_jvm_reason(cfg, master: str | None, job) -> str | None:
     """Why a run must be a spark-submit of its own rather than a Spark Connect client (None: it
-    need not): a continuous run owns its JVM (resources, rescale, supervisor); a master the user
-    names, or Spark resources the job has, are about that JVM."""
+    need not): a continuous run owns its JVM (resources, rescale, supervisor); so do a run on a
+    master the user names and the run of a job with Spark resources of its own (as
+    JobRunOperator.needs_own_jvm decides for the DAGs)."""
     if not cfg.available_now:
         return "a continuous run"
     if master:

@@ -68,10 +68,11 @@ Two modes, chosen by the `mode` param:
 
 * **scheduled** (what the schedule runs, every {INGEST_EVERY_MINUTES} minutes): every stage with the
   *available-now* trigger, one after the other. Everything Kafka holds at the start flows through to
-  gold. It runs on the platform's Spark Connect server (`spark_connect_default`) when that answers,
-  with no JVM of its own; with `spark_cluster`, when the job has Spark resources of its own (after a
-  rescale), or when no server answers, through the Spark provider's `spark-submit` on the master of
-  the `spark_conn_id` connection. The task log says which.
+  gold. A job without Spark resources of its own, on a local master (`spark_default`), runs on the
+  platform's Spark Connect server (`spark_connect_default`) when that answers, with no JVM of its
+  own; with `spark_cluster`, for a job with resources of its own, or when no server answers, through
+  the Spark provider's `spark-submit` on the master of the `spark_conn_id` connection. The task log
+  says which.
 * **continuous** (trigger by hand): a supervisor keeps the processing-time queries running and restarts
   them by the restart strategy in the params (`fixed-delay`, `failure-rate` or `none`, as in Flink).
   The run ends when the job is stopped (`streamlake job stop {job.name}`, or the `savepoint` DAG with
