@@ -11,15 +11,15 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 setup:
 	@bash scripts/setup.sh
 
-# PYTEST_WORKERS=2: two pytest-xdist workers, whole test files each (module fixtures such
-# as the live platform stay shared). On 2 cores it is not faster when the live platform
-# and the Airflow scenarios overlap (README, Tests). 0 (the default): one process, the
-# configuration CI has proven. One test: .venv/bin/pytest tests/test_x.py::test_y
-PYTEST_WORKERS ?= 0
+# Two pytest-xdist workers: the Airflow platform files (the live platform, the `airflow dags
+# test` scenarios) one after the other in one, every other file a unit of its own spread over
+# both (tests/conftest.py groups them). PYTEST_WORKERS=0: one process, everything in order.
+# One test: .venv/bin/pytest tests/test_x.py::test_y
+PYTEST_WORKERS ?= 2
 
 # --durations: the slowest tests at the end of every run (where make test's time goes).
 test: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # Before every commit (about 3 minutes): unit tests, definitions, DAGs and forms, views, CLI,
 # the generator, one small end-to-end run of the demo pipeline (the list: tests/conftest.py).

@@ -3,8 +3,8 @@
 Everything is real: the Tansu broker speaks the Kafka protocol, Spark runs in
 local mode, Delta tables are written to disk by delta-rs. The session gets its
 own STREAMLAKE_HOME and broker port, so a developer's running demo is untouched.
-With pytest-xdist (`PYTEST_WORKERS=2 make test`) each worker is a session of its
-own: its own home, broker, SparkSession and Airflow database.
+`make test` runs two pytest-xdist workers, each a session of its own: its own home,
+broker, SparkSession and Airflow database (which files go where: PLATFORM_FILES below).
 """
 
 from __future__ import annotations
@@ -315,11 +315,33 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
               "test_pipelines.py::test_late_events_are_kept_not_dropped[sensors]")
 
 
+# `make test` runs two pytest-xdist workers. The Airflow platform files, the heaviest (most of
+# a core each while they run), run one after the other in one worker, first; every other file
+# is a unit of its own (its module fixtures set up once), spread over both.
+PLATFORM_FILES = ("test_airflow_e2e.py", "test_live_platform.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, one scope per file, except the platform files: one scope.
+    (xdist 3.8's ``loadgroup`` did not group here under pytest 9.2: one group's tests ran on
+    both workers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PlatformFilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "platform" if Path(path).name in PLATFORM_FILES else path
+
+    return PlatformFilesTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in FAST_FILES or item.nodeid.endswith(FAST_TESTS):
             item.add_marker(pytest.mark.fast)
-
+    # Stable: the platform files first, then the fast files (so the second unit the platform's
+    # worker is handed at the start is one of these, not one that would wait behind the platform).
+    items.sort(key=lambda item: (item.path.name not in PLATFORM_FILES, item.path.name not in FAST_FILES))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -341,7 +363,8 @@ def pytest_sessionfinish(session, exitstatus):
 def live_platform():
     """The platform as `make run` starts it (broker, demo producer, Spark cluster, Airflow
     standalone), in a directory of its own on free ports; stopped after the module that uses
-    it (it keeps both cores busy: the tests after it must not share them with it). Shared by
+    it (it keeps most of both cores busy: under `make test` the other worker's files run beside
+    it, and nothing of this worker's after it). Shared by
     that module's tests, which use the running platform like a user (a browser, REST API).
     Airflow's scheduler creates no scheduled runs here (``use_job_schedule`` off): on 2 cores
     the first scheduled ingests and hourly backfills of both pipelines filled the Spark pool
