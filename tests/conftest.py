@@ -363,8 +363,8 @@ def pytest_sessionfinish(session, exitstatus):
 def live_platform():
     """The platform as `make run` starts it (broker, demo producer, Spark cluster, Airflow
     standalone), in a directory of its own on free ports; stopped after the module that uses
-    it (it keeps most of both cores busy: under `make test` the other worker's files run beside
-    it, and nothing of this worker's after it). Shared by
+    it (it keeps most of both cores busy; under `make test` the other worker's files run beside
+    it). Shared by
     that module's tests, which use the running platform like a user (a browser, REST API).
     Airflow's scheduler creates no scheduled runs here (``use_job_schedule`` off): on 2 cores
     the first scheduled ingests and hourly backfills of both pipelines filled the Spark pool
