@@ -1,4 +1,5 @@
-"""The lake on S3: bronze ingest to an ``s3://`` table on a real S3 API server.
+"""The lake on S3: bronze ingest to an ``s3://`` table, and a whole pipeline under an ``s3://``
+root, on a real S3 API server.
 
 The server is moto's standalone server (``.venv-s3``, started and stopped like the
 broker), which honours ``If-None-Match`` conditional writes: the commits below go
@@ -192,16 +193,16 @@ def snapshot_objects(options: dict, uri: str) -> set[str]:
             DeltaTable(uri, storage_options=dict(storage_options(uri, options, env={}))).file_uris()}
 
 
-def table_rows(options: dict, uri: str) -> pa.Table:
+def table_rows(options: dict, uri: str, columns=("partition", "offset", "value")) -> pa.Table:
     """The table's snapshot read back by the test itself: delta-rs for the file list,
-    pyarrow on the S3 filesystem for the rows."""
+    pyarrow on the S3 filesystem for the rows (``columns`` of the data files; None: all)."""
     from deltalake import DeltaTable
 
     opts = storage_options(uri, options, env={})
     fs, _ = arrow_filesystem(opts)
     files = [u.split("://", 1)[1] for u in DeltaTable(uri, storage_options=dict(opts)).file_uris()]
-    parts = [pq.read_table(f, filesystem=fs, columns=["partition", "offset", "value"]) for f in files]
-    return pa.concat_tables(parts) if parts else pa.table({"partition": [], "offset": [], "value": []})
+    parts = [pq.read_table(f, filesystem=fs, columns=list(columns) if columns else None) for f in files]
+    return pa.concat_tables(parts) if parts else pa.table({c: [] for c in columns or ()})
 
 
 def assert_each_record_once(options: dict, uri: str, producer) -> None:
@@ -304,6 +305,113 @@ def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost
         if "/_delta_log/" in key:
             with fs.open_input_stream(key) as fh:
                 assert_no_secret(s3, fh.read().decode())
+
+
+@pytest.mark.slow
+def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver_disk(s3, live_producer, topic_name,
+                                                                                      tmp_path):
+    """`pipeline run --root s3://...`: bronze, silver, quarantine, gold and late events of the
+    orders example (a tumbling and a session aggregate) on the S3 server, records produced one
+    at a time while it runs (out of order, late, duplicated, malformed). The continuous run is
+    SIGKILLed after silver's files of a micro-batch were uploaded, before their commit; then
+    the driver's disk is lost (checkpoints, control files). The restart, with nothing but the
+    tables, lands every record exactly once in every table: the test compares each with what
+    it produced and with gold it aggregates itself (tests/oracle.py). Then, with only the
+    credentials in the environment (the root's job recorded the other options): `check`
+    proves it, `backfill` applies every late event (gold = the aggregate of every event), a
+    later check after more records is incremental, and `quality run` validates silver."""
+    import oracle
+    from helpers import example
+    from streamlake.kafka.client import client_config
+    from streamlake.kafka.producer import ensure_topic
+    from streamlake.pipeline.definition import load_definition
+    from streamlake.storage.location import state_dir
+
+    definition_file = example("orders", tmp_path, topic_name, lateness="5s")  # late events sooner
+    definition = load_definition(definition_file)
+    root = f"s3://lake/{topic_name}/orders"
+    state = Path(state_dir(root))
+    common = ["pipeline", "run", "--definition", str(definition_file), "--root", root, "--master", "local[2]",
+              "--kafka-option", "fetch.wait.max.ms=100", *storage_flags(s3)]
+    ensure_topic(client_config(), topic_name, 3)
+    job = cli(*common, "--processing-time", "1", env={"STREAMLAKE_CRASH_AT": "after_files_silver:2"}, wait=False)
+    deadline = time.monotonic() + 240
+    while not (state / "_checkpoints" / "silver" / "metadata").exists():
+        assert job.poll() is None, f"the run ended before its queries started:\n{job.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "the run's queries did not start in 240 s"
+        time.sleep(0.5)
+    producer = live_producer(topic_name, partitions=3, rate=40, count=6000, seed=23, definition=definition,
+                             late_fraction=0.06, out_of_order_seconds=5, malformed_fraction=0.08,
+                             duplicate_fraction=0.05)
+    _, out1 = finish(job, 300)
+    assert job.returncode == 128 + 9, f"the run should have been SIGKILLed before silver's commit:\n{out1[-3000:]}"
+    assert producer.running, "the kill should happen while records are still being produced"
+    silver = f"{root}/silver"
+    assert data_objects(s3, silver) - snapshot_objects(s3, silver), "the killed attempt had uploaded silver's files"
+
+    shutil.rmtree(state)  # the driver's disk is lost: the restart has only the tables' commits to go on
+    time.sleep(3)  # records go on arriving while the job is down
+    producer.stop()
+    records = producer.records
+    assert len(producer.lineage) == len(records), "every record produced was delivered"
+    code, out2 = cli(*common, "--available-now", timeout=400)
+    assert code == 0, out2[-3000:]
+
+    where = {r.seq: producer.lineage[r.seq] for r in records}
+    # quarantine: exactly the malformed records, each with the reason it was produced with
+    quarantine = table_rows(s3, f"{root}/quarantine", ("partition", "offset", "reason")).to_pylist()
+    expected = {(*where[r.seq], r.reason) for r in records if r.kind == "malformed"}
+    assert sorted((q["partition"], q["offset"], q["reason"]) for q in quarantine) == sorted(expected)
+    # silver: each valid event once (duplicates dropped), with the typed values produced
+    events = {r.fields[definition.event_id]: r.fields for r in records if r.kind in ("valid", "late")}
+    rows = table_rows(s3, silver, definition.field_names).to_pylist()
+    ids = [row[definition.event_id] for row in rows]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} events are in silver twice"
+    assert set(ids) == set(events)
+    assert all(row == events[row[definition.event_id]] for row in rows), "an event's values differ"
+    # gold: the test's own aggregate of the events not held back as late; late events all kept
+    raw = oracle.load(definition_file)
+    for agg in definition.aggregates:
+        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id,)).column(0).to_pylist()
+        assert set(late) <= set(events) and len(late) == len(set(late)), agg.name
+        on_time = [e for i, e in events.items() if i not in set(late)]
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, on_time), gold, list(agg.keys))
+        assert not problems, f"gold/{agg.name}:\n" + "\n".join(problems[:20])
+    assert any(table_rows(s3, f"{root}/{a.late_table}", ("offset",)).num_rows for a in definition.aggregates), \
+        "late events were produced: some must be kept"
+    assert "on the Spark Connect server" not in out2, "an S3 root's run has its own JVM (its credentials)"
+
+    # The root's job recorded the options given, without the secrets: `check` and `backfill --root`
+    # need only the credentials, from the environment, as a user's shell has them.
+    credentials = {k: s3[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    code, out3 = cli("check", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
+    assert code == 0, out3[-3000:]
+    for proof in (f"EXACTLY ONCE: {len(records)} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
+        assert proof in out3, (proof, out3[-3000:])
+    code, out4 = cli("backfill", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
+    assert code == 0 and "restated" in out4, out4[-3000:]
+    for agg in definition.aggregates:  # every late event applied: gold is the aggregate of every event
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, list(events.values())), gold,
+                                       list(agg.keys))
+        assert not problems, f"gold/{agg.name} after the backfill:\n" + "\n".join(problems[:20])
+        assert all(table_rows(s3, f"{root}/{agg.late_table}", ("applied",)).column(0).to_pylist())
+    # More records, another run, and the next check is incremental: from the last proof, only the
+    # files the Delta log shows added since are audited (no listing of the bucket).
+    more = live_producer(topic_name, partitions=3, count=150, seed=24, definition=definition)
+    more.wait_delivered(150, timeout_s=60)
+    more.stop()
+    code, out6 = cli(*common, "--available-now", timeout=400)
+    assert code == 0, out6[-3000:]
+    code, out7 = cli("check", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
+    assert code == 0 and f"EXACTLY ONCE: {len(records) + 150} rows" in out7, out7[-3000:]
+    assert "incremental from the proof" in out7, out7[-3000:]
+    code, out5 = cli("quality", "run", "--root", root, "--table", "silver", "--json", env=credentials, timeout=300)
+    assert code == 0, out5[-3000:]
+    quality = json.loads(out5[out5.index("{"):out5.rindex("}") + 1])
+    assert quality["rows"] >= len(events) and quality["status"] in ("PASS", "WARN"), quality
+    assert_no_secret(s3, out1, out2, out3, out4, out5, out6, out7, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """``streamlake pipeline``: check a definition, run a pipeline under one root directory.
 
     streamlake pipeline validate FILE
-    streamlake pipeline run --definition FILE --root DIR [--available-now | --processing-time S]
+    streamlake pipeline run --definition FILE --root DIR|s3://BUCKET/PREFIX
+                            [--available-now | --processing-time S] [--storage-option K=V]...
                             [--max-offsets-per-trigger N] [--kafka-option K=V]... [--name NAME]
                             [--master URL | --remote sc://HOST:PORT]
 
@@ -67,11 +68,13 @@ def cmd_validate(args) -> int:
 def cmd_run(args) -> int:
     from streamlake.operations.control import JobControl
     from streamlake.operations.jobs import job_for_root, save_job, with_settings
-    from streamlake.pipeline.config import config_from_args, config_to_args
+    from streamlake.pipeline.config import config_from_args, config_to_args, secret_environment
     from streamlake.pipeline.evolution import applied_definition, plan_change
     from streamlake.spark.session import spark_submit_command
+    from streamlake.storage.location import is_secret, require_safe_commits
 
     cfg = config_from_args(args)
+    require_safe_commits(cfg.storage())  # refused here, before anything is created or a JVM starts
     if cfg.definition is not None:
         changes = plan_change(applied_definition(cfg.root), cfg.definition)  # refused: nothing created
         job = job_for_root(cfg.root, definition_file=args.definition, name=args.name)
@@ -87,7 +90,8 @@ def cmd_run(args) -> int:
         job = save_job(with_settings(
             job, stages=list(cfg.stages) if args.stages else None, max_offsets_per_trigger=cfg.max_offsets_per_trigger,
             min_partitions=cfg.min_partitions, processing_time_s=cfg.processing_time_s,
-            gold_partitions=cfg.gold_partitions, master=args.master, kafka=cfg.kafka or None))
+            gold_partitions=cfg.gold_partitions, master=args.master, kafka=cfg.kafka or None,
+            storage_options={k: v for k, v in cfg.storage_options.items() if not is_secret(k)} or None))
         cfg = replace(cfg, query_name=args.query_name or job.name)
     print(f"pipeline: {cfg.describe()}" + (f" (job {job.name})" if job else ""), file=sys.stderr)
     own_jvm = own_jvm_reason(cfg, args.master, job)
@@ -99,7 +103,7 @@ def cmd_run(args) -> int:
                                short_run=cfg.available_now) if own_jvm else \
         connect_or_submit_command("pipeline.py", config_to_args(cfg), args.remote, master="local[*]", name=name,
                                   short_run=True)
-    return run_job_foreground(cmd, JobControl(cfg.control_dir))
+    return run_job_foreground(cmd, JobControl(cfg.control_dir), env=secret_environment(cfg))
 
 
 def own_jvm_reason(cfg, master: str | None, job) -> str | None:
@@ -107,8 +111,11 @@ def own_jvm_reason(cfg, master: str | None, job) -> str | None:
     need not): a continuous run owns its JVM (resources, rescale, supervisor); so do a run on a
     master the user names and the run of a job with Spark resources of its own (as
     JobRunOperator.needs_own_jvm decides for the DAGs)."""
+    from streamlake.storage.location import is_object_store
     if not cfg.available_now:
         return "a continuous run"
+    if is_object_store(cfg.root):
+        return f"a root on an object store ({cfg.root}): its credentials travel in the run's own environment"
     if master:
         return f"--master {master}"
     if job is not None and job.spark_conf():

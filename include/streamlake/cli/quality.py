@@ -15,13 +15,12 @@ warnings failed). ``show`` prints the latest result per table and suite.
 
 from __future__ import annotations
 
-import os
-
 from streamlake.cli.common import print_json
 
 
 def cmd_run(args) -> int:
     from streamlake.cli.common import resolve_job
+    from streamlake.delta.table import table_exists
     from streamlake.quality.suites import pipeline_suites
     from streamlake.quality.validate import validate_table
     from streamlake.spark.session import get_spark
@@ -32,7 +31,7 @@ def cmd_run(args) -> int:
     if args.table not in tables:
         raise KeyError(f"job {job.name} has no table {args.table!r} (its tables: {', '.join(tables)})")
     path = job.table_path(args.table)
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if not table_exists(path):
         raise FileNotFoundError(f"no Delta table at {path}: has the pipeline run?")
     spark = get_spark("streamlake-quality", master=args.master, conf={"spark.ui.enabled": "false"})
     report = validate_table(spark, args.table, path, args.from_version, args.to_version, definition=definition,

@@ -27,8 +27,10 @@ import os
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from streamlake.delta.table import open_table, snapshot_files
+from streamlake.delta.log import DeltaLog
+from streamlake.delta.table import open_table, read_object_store_files, snapshot_files
 from streamlake.errors import StreamLakeError
+from streamlake.storage.location import is_object_store, join, normalize
 
 
 class ChangesUnavailableError(StreamLakeError):
@@ -50,14 +52,14 @@ class VersionRange:
 
 def _local(path: str, root: str) -> str:
     raw = unquote(path[len("file://"):]) if path.startswith("file://") else unquote(path)
-    return raw if os.path.isabs(raw) else os.path.join(root, raw)
+    return raw if os.path.isabs(raw) or "://" in raw else join(root, raw)
 
 
-def _commit_actions(root: str, version: int) -> list[dict]:
-    name = os.path.join(root, "_delta_log", f"{version:020d}.json")
+def _commit_actions(log: DeltaLog, version: int) -> list[dict]:
+    root = log.root
+    name = f"{version:020d}.json"
     try:
-        with open(name, encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+        return log.actions(version)
     except FileNotFoundError:
         raise ChangesUnavailableError(
             f"version {version} of {root}: commit file {name} no longer exists (log cleanup), so the rows "
@@ -78,15 +80,16 @@ def resolve_range(path: str | os.PathLike, from_version: int | None = None,
 
 def added_files(path: str | os.PathLike, from_version: int | None = None,
                 to_version: int | None = None) -> tuple[VersionRange, list[str]]:
-    """Local paths of the data files holding the rows the range added (see the module
-    docstring), in commit order, and the resolved range.
+    """Paths (URIs on an object store) of the data files holding the rows the range added
+    (see the module docstring), in commit order, and the resolved range.
 
     A compaction inside the range (``dataChange=false`` removes and adds) moves rows
     of files the range added into new files; those files' rows are still read from
     the original files, and are dropped if a later commit of the range removes one
     of the new files with a data change. Raises :class:`ChangesUnavailableError`
     if such an original file was vacuumed since."""
-    root = os.path.abspath(os.fspath(path))
+    root = normalize(path)
+    log = DeltaLog(root)
     rng = resolve_range(root, from_version, to_version)
     if rng.from_version is None:
         return rng, snapshot_files(open_table(root, rng.to_version))
@@ -95,7 +98,7 @@ def added_files(path: str | os.PathLike, from_version: int | None = None,
     for version in range(rng.from_version + 1, rng.to_version + 1):
         moved: set[str] = set()
         rewritten: list[str] = []
-        for action in _commit_actions(root, version):
+        for action in _commit_actions(log, version):
             if "add" in action:
                 file = _local(action["add"]["path"], root)
                 if action["add"].get("dataChange", True):
@@ -116,7 +119,7 @@ def added_files(path: str | os.PathLike, from_version: int | None = None,
             for file in rewritten:
                 carried[file] = set(moved)
     files = list(added)
-    gone = [f for f in files if not os.path.exists(f)]
+    gone = [f for f in files if not log.file_exists(f)]
     if gone:
         raise ChangesUnavailableError(
             f"{len(gone)} data file(s) that commits {rng} of {root} added no longer exist (e.g. {gone[0]}; "
@@ -141,4 +144,6 @@ def read_changes(spark, path: str | os.PathLike, from_version: int | None = None
         schema = table_schema(path, rng.to_version)
     if not files:
         return spark.createDataFrame([], schema), rng
+    if is_object_store(path):
+        return read_object_store_files(spark, normalize(path), schema, files, rng.to_version), rng
     return spark.read.schema(schema).option("basePath", os.path.abspath(os.fspath(path))).parquet(*files), rng

@@ -17,7 +17,8 @@ Two writers fill an attempt directory:
 
 * :func:`write_attempt_files`: Spark's own Parquet writer (JVM) writes a
   DataFrame; the driver reads the footers. Used by the silver and gold stages,
-  and by bronze with ``writer="spark"``.
+  and by bronze with ``writer="spark"``. For a table on an object store it
+  runs the rows through ``mapInArrow`` tasks that write with the writer below.
 * :class:`AttemptFileWriter`: the tasks that *produce* the rows write them with
   pyarrow, where they are (bronze's fast path: the Kafka source's read tasks,
   ``output=files``), and hand the driver only a :class:`DataFile` as JSON. The
@@ -53,8 +54,9 @@ WRITE_CONF = {
 
 
 def partition_path(partition_values: Mapping[str, str]) -> str:
-    """Hive-style directory for a partition: ``ingest_date=2026-11-21``."""
-    return "/".join(f"{k}={v}" for k, v in partition_values.items())
+    """Hive-style directory for a partition: ``ingest_date=2026-11-21`` (a null value as Hive
+    spells it, ``__HIVE_DEFAULT_PARTITION__``)."""
+    return "/".join(f"{k}={'__HIVE_DEFAULT_PARTITION__' if v is None else v}" for k, v in partition_values.items())
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,7 @@ class AttemptFileWriter:
 
 def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequence[str],
                         stats_columns: Sequence[str], *, partition_values: Mapping[str, str] | None = None,
-                        partition_by: Sequence[str] = ()) -> list[DataFile]:
+                        partition_by: Sequence[str] = (), storage: Mapping[str, str] | None = None) -> list[DataFile]:
     """Write ``rows`` (a Spark DataFrame) as Parquet files of one commit attempt.
 
     ``columns`` are the data files' columns. With ``partition_values`` every row
@@ -312,7 +314,16 @@ def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequenc
     the non-empty files written, described from their footers, each with its
     partition values. Raises whatever Spark raises; a failed write leaves only
     unreferenced files.
+
+    On an object store (``table_root`` an ``s3://``... URI; ``storage`` its options
+    without secrets) the tasks write the files with pyarrow (:class:`AttemptFileWriter`,
+    credentials from their own environment): Spark's writer would need the s3a connector.
     """
+    from streamlake.storage.location import is_object_store
+
+    if is_object_store(table_root):
+        return _write_with_tasks(rows, table_root, attempt_id, columns, stats_columns, partition_values,
+                                 partition_by, storage or {})
     directory = attempt_directory(attempt_id, partition_values)
     out = os.path.join(table_root, directory)
     spark = rows.sparkSession
@@ -336,6 +347,66 @@ def write_attempt_files(rows, table_root: str, attempt_id: str, columns: Sequenc
                     _hive_partition_values(os.path.dirname(rel_dir))
                 files.append(replace(described, partition_values=values))
     return files
+
+
+def _write_with_tasks(rows, table_root: str, attempt_id: str, columns: Sequence[str], stats_columns: Sequence[str],
+                     partition_values: Mapping[str, str] | None, partition_by: Sequence[str],
+                     storage: Mapping[str, str]) -> list[DataFile]:
+    """:func:`write_attempt_files` on an object store: each task writes its rows with pyarrow,
+    one file per partition it holds (``<partition>/attempt-<id>/part-<uuid>.parquet``, bronze's
+    layout), and returns the files' descriptions; the driver collects them. A task that dies
+    leaves only objects no commit references (vacuum deletes them)."""
+    template = FileTarget(table_root, "", tuple(columns), stats_columns=tuple(stats_columns),
+                          storage=dict(storage)).to_json()
+    fixed = dict(partition_values) if partition_values is not None else None
+    by = list(partition_by)
+
+    def write(batches):
+        import uuid
+
+        base = FileTarget.from_json(template)
+        writers: dict[tuple, AttemptFileWriter] = {}
+        try:
+            for batch in batches:
+                for values, part in _split_by_partition(batch, by, fixed):
+                    key = tuple(sorted(values.items()))
+                    if key not in writers:
+                        target = replace(base, directory=attempt_directory(attempt_id, values),
+                                         partition_values=values)
+                        writers[key] = AttemptFileWriter(target, f"part-{uuid.uuid4().hex}.parquet")
+                    writers[key].write(part)
+            described = [w.close() for w in writers.values()]
+        except BaseException:
+            for w in writers.values():
+                w.abort()
+            raise
+        done = [data_file_to_json(f) for f in described if f is not None]
+        if done:
+            yield pa.RecordBatch.from_pydict({"file": done})
+
+    written = rows.select(*columns, *partition_by).mapInArrow(write, "file string").collect()
+    return [data_file_from_json(r["file"]) for r in written]
+
+
+def _split_by_partition(batch: pa.RecordBatch, partition_by: Sequence[str],
+                        fixed: Mapping[str, str] | None) -> list[tuple[dict, pa.RecordBatch]]:
+    """``batch`` split by the values of its ``partition_by`` columns (Delta's partition values:
+    text, None for null), or whole under ``fixed`` values."""
+    if fixed is not None or not partition_by:
+        return [(dict(fixed or {}), batch)]
+    table = pa.Table.from_batches([batch])
+    keys = table.select(list(partition_by)).group_by(list(partition_by)).aggregate([])
+    out = []
+    for key in keys.to_pylist():
+        mask = None
+        for name in partition_by:
+            column = table.column(name)
+            match = pc.is_null(column) if key[name] is None else pc.equal(column, pa.scalar(key[name], column.type))
+            mask = match if mask is None else pc.and_(mask, match)
+        part = table.filter(mask).combine_chunks()
+        values = {name: None if key[name] is None else str(key[name]) for name in partition_by}
+        out += [(values, b) for b in part.to_batches()]
+    return out
 
 
 def _move_partitions_outside(table_root: str, directory: str) -> list[str]:

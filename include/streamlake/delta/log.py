@@ -458,6 +458,25 @@ class DeltaLog:
 
         return self.filesystem.get_file_info(store_path(path)).type == pafs.FileType.Directory
 
+    def actions(self, version: int) -> list[dict]:
+        """The actions of commit ``version``, parsed. Raises FileNotFoundError if its file does
+        not exist (never written, or cleaned up)."""
+        return [json.loads(line) for line in self._read(commit_file(self.root, version)).decode("utf-8").splitlines()
+                if line.strip()]
+
+    def file_exists(self, path: str) -> bool:
+        """Whether a data file (a path, or a URI of this table's store) still exists."""
+        if self.filesystem is None:
+            return os.path.exists(path)
+        import pyarrow.fs as pafs
+
+        return self.filesystem.get_file_info(store_path(path)).type != pafs.FileType.NotFound
+
+    def commit_info(self, version: int) -> dict:
+        """The ``commitInfo`` action of commit ``version`` ({} if it has none). Raises
+        FileNotFoundError if that commit's file does not exist (never written, or cleaned up)."""
+        return next((a["commitInfo"] or {} for a in self.actions(version) if "commitInfo" in a), {})
+
     def _read(self, path: str) -> bytes:
         """The bytes of a log file. Raises FileNotFoundError if it does not exist."""
         if self.filesystem is None:

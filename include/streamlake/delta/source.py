@@ -13,6 +13,11 @@ JSON commit files, and mirrors delta-spark's streaming source. Usage::
 The schema is the table's schema when the query starts (partition columns
 included, with their declared types).
 
+``spark.read.format("streamlake-delta")`` reads one snapshot the same way
+(``versionAsOf``: that version, else the latest; ``files``: a JSON list of
+some of its files, relative to the table): how the platform reads tables on
+an object store, where Spark's Parquet reader would need the s3a connector.
+
 Options (names as in delta-spark; unknown options are an error):
 
 ``startingVersion``
@@ -122,7 +127,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -153,7 +158,7 @@ OPEN_COST_BYTES = 4 * 1024 * 1024        # spark.sql.files.openCostInBytes
 _KNOWN_OPTIONS = {
     "path", "startingversion", "startingtimestamp", "maxfilespertrigger", "maxbytespertrigger",
     "skipchangecommits", "ignoredeletes", "failondataloss", "minpartitions", "startingoffset",
-    "includecommitversion",
+    "includecommitversion", "versionasof", "files",
 }
 COMMIT_VERSION_COLUMN = "_commit_version"
 _BYTE_UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -336,6 +341,18 @@ def parse_bytes(raw: str) -> int:
     return value
 
 
+def _version(raw) -> int | None:
+    if raw is None:
+        return None
+    try:
+        version = int(str(raw).strip())
+    except ValueError:
+        version = -1
+    if version < 0:
+        raise InvalidOptionError(f"versionAsOf must be a version >= 0, got {raw!r}")
+    return version
+
+
 def _timestamp_ms(raw: str) -> int:
     from datetime import datetime, timezone
 
@@ -367,6 +384,8 @@ class DeltaSourceOptions:
     starting_offset: DeltaSourceOffset | None = None
     include_commit_version: bool = False
     storage: dict[str, str] = field(default_factory=dict)  # storage options without secrets
+    version_as_of: int | None = None  # batch reads: this snapshot (None: the latest)
+    files: tuple[str, ...] | None = None  # batch reads: only these of the snapshot's files (relative paths)
 
     @property
     def settings(self) -> ScanSettings:
@@ -388,7 +407,7 @@ class DeltaSourceOptions:
                 f"unknown option(s) {', '.join(unknown)} for format {FORMAT!r}; known: path, "
                 "startingVersion, startingTimestamp, maxFilesPerTrigger, maxBytesPerTrigger, "
                 "skipChangeCommits, ignoreDeletes, failOnDataLoss, minPartitions, startingOffset, "
-                "includeCommitVersion"
+                "includeCommitVersion; batch reads: versionAsOf, files"
             )
         path = opts.get("path")
         if not path or not str(path).strip():
@@ -431,6 +450,8 @@ class DeltaSourceOptions:
             starting_offset=DeltaSourceOffset.from_json(offset) if offset is not None else None,
             include_commit_version=_bool(opts, "includeCommitVersion", False),
             storage=storage,
+            version_as_of=_version(opts.get("versionasof")),
+            files=tuple(json.loads(opts["files"])) if opts.get("files") is not None else None,
         )
 
 
@@ -699,7 +720,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class DeltaDataSource(DataSource):
-    """``spark.readStream.format("streamlake-delta")``."""
+    """``spark.readStream.format("streamlake-delta")``, and ``spark.read`` of one snapshot."""
 
     @classmethod
     def name(cls) -> str:
@@ -716,10 +737,43 @@ class DeltaDataSource(DataSource):
             schema = schema.add(StructField(COMMIT_VERSION_COLUMN, LongType(), False))
         return schema
 
+    def reader(self, schema) -> DataSourceReader:
+        return DeltaBatchReader(DeltaSourceOptions.parse(self.options), schema)
+
     def streamReader(self, schema) -> DataSourceStreamReader:
         options = DeltaSourceOptions.parse(self.options)
         DeltaLog(options.path, storage=options.storage).check_readable()  # wrong path: fail when the query starts
         return DeltaStreamReader(options, schema)
+
+
+class DeltaBatchReader(DataSourceReader):
+    """``spark.read.format("streamlake-delta")``: one snapshot of the table (the latest, or
+    ``versionAsOf``), or only the snapshot's ``files`` (a JSON list of paths relative to the
+    table), spread over Spark tasks as a micro-batch is; ``_commit_version`` (with
+    ``includeCommitVersion``) is the snapshot's version. Raises DataLossError when that
+    version can no longer be loaded, InvalidOptionError for a file not in the snapshot."""
+
+    def __init__(self, options: DeltaSourceOptions, schema):
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        dl = DeltaLog(self.options.path, storage=self.options.storage)
+        version = self.options.version_as_of if self.options.version_as_of is not None else dl.refresh()
+        files = list(dl.snapshot(version))
+        if self.options.files is not None:
+            by_path = {f.path: f for f in files}
+            missing = sorted(set(self.options.files) - set(by_path))
+            if missing:
+                raise InvalidOptionError(f"{self.options.path} version {version} has no file {missing[0]}"
+                                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            files = [by_path[p] for p in self.options.files]
+        groups = group_files(files, self.options.min_partitions or os.cpu_count() or 1) or [[]]
+        return [DeltaInputPartition(self.options.path, g, [version] * len(g), self.options.storage) for g in groups]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        return read_files(partition.root, partition.files, self.schema, self.options.fail_on_data_loss,
+                          partition.versions, partition.storage)
 
 
 def register(spark) -> None:

@@ -9,6 +9,7 @@ would turn a successful CLI run into exit status 134.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Mapping
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from streamlake.storage.location import is_object_store, normalize, storage_options
 
 # Deletion vectors stay off: delta-rs cannot delete from a table that has them.
 DEFAULT_TABLE_CONFIGURATION = {
@@ -45,11 +48,30 @@ class TableSpec:
 
 
 def table_exists(path: str | os.PathLike, storage_options: Mapping[str, str] | None = None) -> bool:
-    return DeltaTable.is_deltatable(str(path), storage_options=_delta_options(storage_options))
+    return DeltaTable.is_deltatable(str(path), storage_options=delta_options(path, storage_options))
 
 
-def _delta_options(storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
-    return dict(storage_options) if storage_options else None
+def delta_options(path: str | os.PathLike, given: Mapping[str, str] | None) -> dict[str, str] | None:
+    """delta-rs ``storage_options`` for ``path``: None on the local filesystem; on an object
+    store its family's environment variables, then ``given`` (as :func:`storage_options`),
+    so a caller without options of its own still reaches the store the environment names."""
+    if not is_object_store(path):
+        return dict(given) if given else None
+    return storage_options(path, dict(given or {})).for_delta()
+
+
+def parquet_dataset(files: list[str], schema: pa.Schema | None = None,
+                    storage_options: Mapping[str, str] | None = None):
+    """A pyarrow dataset of data files (local paths, or URIs of one object store, reached with
+    its environment's options and ``storage_options``)."""
+    import pyarrow.dataset as ds
+
+    from streamlake.storage.location import arrow_filesystem, storage_options as options_of
+
+    if not files or not is_object_store(files[0]):
+        return ds.dataset(files, format="parquet", schema=schema)
+    fs, _ = arrow_filesystem(options_of(files[0], dict(storage_options or {})))
+    return ds.dataset([f.split("://", 1)[1] for f in files], format="parquet", schema=schema, filesystem=fs)
 
 
 def ensure_table(path: str | os.PathLike, spec: TableSpec,
@@ -61,7 +83,7 @@ def ensure_table(path: str | os.PathLike, spec: TableSpec,
     winner's table. Raises ValueError if an existing table's schema differs.
     """
     path = str(path)
-    options = _delta_options(storage_options)
+    options = delta_options(path, storage_options)
     if not table_exists(path, options):
         if "://" not in path:
             os.makedirs(path, exist_ok=True)
@@ -82,7 +104,8 @@ def ensure_table(path: str | os.PathLike, spec: TableSpec,
     return table
 
 
-def evolve_table(path: str | os.PathLike, spec: TableSpec) -> tuple[DeltaTable, TableSpec]:
+def evolve_table(path: str | os.PathLike, spec: TableSpec,
+                 storage_options: Mapping[str, str] | None = None) -> tuple[DeltaTable, TableSpec]:
     """Open or create the table at ``path`` for ``spec``, adding the columns ``spec`` has
     and the table lacks (nullable, at the end: a field added to a definition). Returns the
     table and ``spec`` with its columns in the table's order (what files and commits must use).
@@ -93,9 +116,10 @@ def evolve_table(path: str | os.PathLike, spec: TableSpec) -> tuple[DeltaTable, 
     from deltalake.schema import Field
 
     path = str(path)
-    if not table_exists(path):
-        return ensure_table(path, spec), spec
-    table = DeltaTable(path)
+    options = delta_options(path, storage_options)
+    if not table_exists(path, options):
+        return ensure_table(path, spec, options), spec
+    table = DeltaTable(path, storage_options=options)
     existing = pa.schema(table.schema().to_arrow())
     wanted = {f.name: f for f in spec.schema}
     for f in existing:
@@ -109,7 +133,7 @@ def evolve_table(path: str | os.PathLike, spec: TableSpec) -> tuple[DeltaTable, 
             table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
         except CommitFailedError:
             pass  # a concurrent writer added them first
-        table = DeltaTable(path)
+        table = DeltaTable(path, storage_options=options)
     order = pa.schema(table.schema().to_arrow()).names
     schema = pa.schema([wanted[name] for name in order])
     return table, TableSpec(spec.name, schema, spec.partition_by, spec.description, spec.configuration)
@@ -133,7 +157,7 @@ def open_table(path: str | os.PathLike, version: int | None = None,
                storage_options: Mapping[str, str] | None = None) -> DeltaTable:
     """The table's latest snapshot, or ``version``. Raises FileNotFoundError if absent."""
     try:
-        return DeltaTable(str(path), version=version, storage_options=_delta_options(storage_options))
+        return DeltaTable(str(path), version=version, storage_options=delta_options(path, storage_options))
     except TableNotFoundError:
         raise FileNotFoundError(f"no Delta table at {path}") from None
 
@@ -167,15 +191,41 @@ def table_root(table: DeltaTable) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
-def read_files(spark, path: str | os.PathLike, spec: TableSpec, files: list[str]):
+def read_files(spark, path: str | os.PathLike, spec: TableSpec, files: list[str], version: int | None = None):
     """A Spark DataFrame of some of a table's data files (partition columns from the paths'
-    values as declared in ``spec``); empty with the table's schema when ``files`` is."""
+    values as declared in ``spec``); empty with the table's schema when ``files`` is.
+
+    A table on an object store is read by ``streamlake-delta``'s tasks with pyarrow (Spark's
+    Parquet reader would need the s3a connector): ``files`` must be in the snapshot of
+    ``version`` (None: the latest), whose partition values they take."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = from_arrow_schema(spec.schema)
     if not files:
         return spark.createDataFrame([], schema)
+    if is_object_store(path):
+        return read_object_store_files(spark, normalize(path), schema, files, version)
     return spark.read.schema(schema).option("basePath", str(path)).parquet(*files)
+
+
+def read_object_store_files(spark, root: str, schema, files: list[str], version: int | None = None):
+    """A Spark DataFrame (``schema``, a StructType) of data files of the table at ``root`` on an
+    object store, read by ``streamlake-delta``'s tasks with pyarrow; ``files`` (URIs under the
+    root, or paths relative to it) must be in the snapshot of ``version`` (None: the latest)."""
+    relative = [f[len(root) + 1:] if f.startswith(root + "/") else f for f in files]
+    return _object_store_reader(spark, root, schema, version).option("files", json.dumps(relative)).load(root)
+
+
+def _object_store_reader(spark, root: str, schema, version: int | None):
+    """``spark.read`` of ``streamlake-delta`` for a table on an object store, with the options of
+    its store that are not secret (tasks take the secrets from their own environment)."""
+    from streamlake.delta.source import FORMAT, register
+
+    register(spark)
+    reader = spark.read.format(FORMAT).schema(schema)
+    for key, value in storage_options(root).public().items():
+        reader = reader.option(f"storage.{key}", value)
+    return reader if version is None else reader.option("versionAsOf", str(version))
 
 
 def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | None = None):
@@ -186,6 +236,11 @@ def read_table(spark, path: str | os.PathLike, spec: TableSpec, version: int | N
     types. Works without Delta's JVM connector; where it is installed,
     ``spark.read.format("delta").load(path)`` reads the same data.
     """
+    if is_object_store(path):
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        root = normalize(path)
+        return _object_store_reader(spark, root, from_arrow_schema(spec.schema), version).load(root)
     return read_files(spark, path, spec, snapshot_files(open_table(path, version)))
 
 

@@ -395,6 +395,18 @@ def local_path(root: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(root, path)
 
 
+def table_filesystem(root: str):
+    """The pyarrow filesystem of a table at ``root`` on an object store (reached with its
+    store's environment and remembered options); None for a local table."""
+    return arrow_filesystem(storage_options(root))[0] if is_object_store(root) else None
+
+
+def data_file_path(root: str, path: str, fs=None) -> str:
+    """A data file path from the Delta log -> where the audit reads it: a local absolute path,
+    or with ``fs`` (a table on an object store) its path in that filesystem."""
+    return local_path(root, path) if fs is None else object_store_path(root, path)
+
+
 def object_store_path(root: str, path: str) -> str:
     """A data file path of a table at object-store URI ``root`` -> its path in the store's
     pyarrow filesystem (``bucket/key``)."""
@@ -415,11 +427,13 @@ def table_root(table) -> str:
 def snapshot_index(table, fs=None) -> list[FileInfo]:
     """Every data file of the table's loaded snapshot with its statistics (from the
     Delta log; the Parquet footer for files the log has none for). ``fs``: the pyarrow
-    filesystem of a table on an object store (see :func:`object_store_path`)."""
+    filesystem of a table on an object store (see :func:`object_store_path`; derived from the
+    table's URI when not given)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
     root = table_root(table)
+    fs = fs if fs is not None else table_filesystem(root)
     names = set(actions.column_names)
 
     def col(name):
@@ -429,22 +443,23 @@ def snapshot_index(table, fs=None) -> list[FileInfo]:
     for path, n, tmin, tmax, pmin, pmax, omin, omax in zip(
             col("path"), col("num_records"), col("min.topic"), col("max.topic"), col("min.partition"),
             col("max.partition"), col("min.offset"), col("max.offset")):
-        where = local_path(root, path) if fs is None else object_store_path(root, path)
+        where = data_file_path(root, path, fs)
         info = FileInfo.from_stats(where, n, {"topic": tmin, "partition": pmin, "offset": omin},
                                    {"topic": tmax, "partition": pmax, "offset": omax}, fs)
         out.append(info if info.has_stats else info.with_footer_stats())
     return out
 
 
-def file_info_from_add(root: str, add: Mapping) -> FileInfo:
-    """FileInfo of a Delta ``add`` action (its ``stats`` JSON, else the Parquet footer)."""
-    path = local_path(root, add["path"])
+def file_info_from_add(root: str, add: Mapping, fs=None) -> FileInfo:
+    """FileInfo of a Delta ``add`` action (its ``stats`` JSON, else the Parquet footer); ``fs``:
+    the filesystem of a table on an object store (:func:`table_filesystem`)."""
+    path = data_file_path(root, add["path"], fs)
     try:
         stats = json.loads(add.get("stats") or "{}") or {}
     except ValueError:
         stats = {}
     info = FileInfo.from_stats(path, stats.get("numRecords"), stats.get("minValues") or {},
-                               stats.get("maxValues") or {})
+                               stats.get("maxValues") or {}, fs)
     return info if info.has_stats else info.with_footer_stats()
 
 

@@ -325,7 +325,7 @@ def _full_segments(audit: PartitionAudit, base: ledger.Proof | None, start: int 
         if lo < hi:
             files = proven_snapshot()
             wanted = [f for f in files or () if f.may_contain(audit.tp) and f.overlaps(lo, hi)]
-            if files is not None and all(_exists(f.path) for f in wanted):
+            if files is not None and all(_exists(f) for f in wanted):
                 reference = files
             else:
                 audit.notes.append(f"offsets [{lo}, {hi}) were proven at {base.describe()}, but Kafka no longer "
@@ -348,10 +348,15 @@ def _full_segments(audit: PartitionAudit, base: ledger.Proof | None, start: int 
     return segments
 
 
-def _exists(path: str) -> bool:
-    import os
+def _exists(file: FileInfo) -> bool:
+    """Whether a data file of the audit still exists (on its object store, if it is on one)."""
+    if file.fs is None:
+        import os
 
-    return os.path.exists(path)
+        return os.path.exists(file.path)
+    import pyarrow.fs as pafs
+
+    return file.fs.get_file_info(file.path).type != pafs.FileType.NotFound
 
 
 # -- records -----------------------------------------------------------------------

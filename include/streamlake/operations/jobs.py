@@ -43,6 +43,7 @@ from pathlib import Path
 
 from streamlake import config
 from streamlake.errors import InvalidOptionError
+from streamlake.storage.location import is_secret, join, normalize, remember_options, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,18 @@ class JobSpec:
     spark_conn_id: str | None = None  # None: spark_default
     total_executor_cores: int | None = None  # spark.cores.max on a standalone cluster
     executor_cores: int | None = None
+    # an object-store root's storage options as given, never secrets (those stay in the environment)
+    storage_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise InvalidOptionError(f"job name {self.name!r} may only contain letters, digits, _ . -")
-        self.root = str(Path(self.root).absolute())
+        self.root = normalize(self.root)
+        secrets = sorted(k for k in self.storage_options if is_secret(k))
+        if secrets:
+            raise InvalidOptionError(f"job {self.name}: a job spec is kept in the clear; give {secrets} in the "
+                                     "environment (AWS_* variables for S3), not as recorded storage options")
+        remember_options(self.root, self.storage_options)  # every table of the job opens with them
         if self.definition_file:
             self.definition_file = str(Path(self.definition_file).absolute())
         elif not self.topics:
@@ -135,19 +143,20 @@ class JobSpec:
     # -- layout --------------------------------------------------------------------------
 
     def table_path(self, name: str) -> str:
-        """Directory of one of the job's tables (``bronze``, ``silver``, ``gold/<aggregate>``...)."""
-        return str(Path(self.root) / name)
+        """Location of one of the job's tables (``bronze``, ``silver``, ``gold/<aggregate>``...)."""
+        return join(self.root, name)
 
     def checkpoint_path(self, stage: str) -> str:
-        return str(Path(self.root) / "_checkpoints" / stage)
+        return os.path.join(self.checkpoints_dir, stage)
 
     @property
     def checkpoints_dir(self) -> str:
-        return str(Path(self.root) / "_checkpoints")
+        """Spark's checkpoints: under the root, or for a root on an object store on the driver's disk."""
+        return os.path.join(state_dir(self.root), "_checkpoints")
 
     @property
     def control_dir(self) -> str:
-        return str(Path(self.root) / "_control")
+        return os.path.join(state_dir(self.root), "_control")
 
     @property
     def control(self):
@@ -197,6 +206,7 @@ class JobSpec:
             processing_time_s=(self.processing_time_s or 5.0) if continuous else None,
             max_offsets_per_trigger=self.max_offsets_per_trigger, min_partitions=self.min_partitions,
             kafka=dict(self.kafka), gold_partitions=self.gold_partitions, query_name=self.name,
+            storage_options=dict(self.storage_options),
         )
 
     def spark_conf(self) -> dict[str, str]:
@@ -275,7 +285,7 @@ def default_job(name: str, definition_file: str | Path) -> JobSpec:
 
 
 def identity_file(root: str | Path) -> Path:
-    return Path(root) / "_control" / IDENTITY_FILE
+    return Path(state_dir(root)) / "_control" / IDENTITY_FILE
 
 
 def root_identity(root: str | Path) -> str | None:
@@ -308,7 +318,7 @@ def save_job(spec: JobSpec) -> JobSpec:
             other = json.loads(path.read_text()).get("root")
         except ValueError:
             other = None
-        if other and Path(other) != Path(spec.root) and root_identity(other) == spec.name:
+        if other and normalize(other) != spec.root and root_identity(other) == spec.name:
             raise InvalidOptionError(f"a job named {spec.name!r} already lives at {other}; give this root another "
                                      "name (--name)")
     _write_json(path, spec.to_dict())
@@ -334,7 +344,7 @@ def list_jobs() -> list[str]:
     return sorted(names | set(definition_files()))
 
 
-def _free_name(wanted: str, root: Path) -> str:
+def _free_name(wanted: str, root: str) -> str:
     """``wanted`` unless a job of another root has it; then ``wanted-<hash of the root>``."""
     path = jobs_dir() / f"{wanted}.json"
     if not path.exists():
@@ -343,9 +353,9 @@ def _free_name(wanted: str, root: Path) -> str:
         other = json.loads(path.read_text()).get("root")
     except ValueError:
         other = None
-    if not other or Path(other) == root:
+    if not other or normalize(other) == root:
         return wanted
-    return f"{wanted}-{hashlib.sha1(str(root).encode()).hexdigest()[:8]}"
+    return f"{wanted}-{hashlib.sha1(root.encode()).hexdigest()[:8]}"
 
 
 def job_for_root(root: str | Path, *, definition_file: str | None = None, name: str | None = None,
@@ -355,7 +365,7 @@ def job_for_root(root: str | Path, *, definition_file: str | None = None, name: 
     job), made unique (see the module docstring). Raises InvalidOptionError when ``name``
     contradicts the root's job, and KeyError when the root has no job and nothing to make
     one from."""
-    root = Path(root).absolute()
+    root = normalize(root)
     owner = root_identity(root)
     if owner is not None:
         if name and name != owner:
@@ -375,9 +385,9 @@ def job_for_root(root: str | Path, *, definition_file: str | None = None, name: 
     if name is None:
         from streamlake.pipeline.definition import load_definition
 
-        wanted = load_definition(definition_file).name if definition_file else f"root-{root.name}"
+        wanted = load_definition(definition_file).name if definition_file else f"root-{root.rsplit('/', 1)[-1]}"
         name = _free_name(wanted, root)
-    return JobSpec(name=name, root=str(root), definition_file=definition_file, topics=list(topics or []))
+    return JobSpec(name=name, root=root, definition_file=definition_file, topics=list(topics or []))
 
 
 def with_settings(spec: JobSpec, **settings) -> JobSpec:

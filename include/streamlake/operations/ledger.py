@@ -35,7 +35,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -54,10 +53,11 @@ from streamlake.delta.table import (
 from streamlake.kafka.offsets import TopicPartition
 from streamlake.operations.audit import (
     FileInfo,
+    data_file_path,
     file_info_from_add,
-    local_path,
     partitions_in_files,
     snapshot_index,
+    table_filesystem,
 )
 from streamlake.operations.records import platform_table_path
 
@@ -235,11 +235,6 @@ class Changes:
         return f"{n} commit{'s' if n != 1 else ''} since ({kinds})"
 
 
-def _commit_actions(root: str, version: int) -> list[dict]:
-    with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def _same_files(root: str, a: int, b: int) -> bool:
     try:
         return set(snapshot_files(open_table(root, a))) == set(snapshot_files(open_table(root, b)))
@@ -253,7 +248,12 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
     """Walk the Delta log of ``table_path`` from ``proof.version`` to ``version``
     (see the module docstring). ``proofs`` are the table's other proofs, for
     restores back to a proven version."""
-    root = os.path.abspath(table_path)
+    from streamlake.delta.log import DeltaLog
+    from streamlake.storage.location import normalize
+
+    root = normalize(table_path)
+    delta_log = DeltaLog(root)
+    fs = table_filesystem(root)
     ch = Changes(proof, version)
     base: dict[str, FileInfo] | None = None
 
@@ -270,7 +270,7 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
 
     for v in range(proof.version + 1, version + 1):
         try:
-            actions = _commit_actions(root, v)
+            actions = delta_log.actions(v)
         except FileNotFoundError:
             ch.everything = f"commit {v} is no longer in the Delta log (log cleanup), so what changed since " \
                             f"the proof of version {ch.proof.version} is unknown"
@@ -295,7 +295,7 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
         ch.commits[kind] += 1
         for action in actions:
             if "remove" in action:
-                path = local_path(root, action["remove"]["path"])
+                path = data_file_path(root, action["remove"]["path"], fs)
                 if ch.added.pop(path, None) is not None:
                     continue
                 known = base_files()
@@ -316,7 +316,7 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
                                               f"version {ch.proof.version}")
             elif "add" in action:
                 add = action["add"]
-                ch.added[local_path(root, add["path"])] = file_info_from_add(root, add)
+                ch.added[data_file_path(root, add["path"], fs)] = file_info_from_add(root, add, fs)
     ch.version = version
     return ch
 

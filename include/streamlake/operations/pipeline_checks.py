@@ -111,9 +111,9 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
         bronze, _range = read_changes(spark, tables["bronze"], since_version, through)
         window = (F.col("bronze_version") > since_version) & (F.col("bronze_version") <= through)
         s_rows = read_files(spark, tables["silver"], s_spec, files_overlapping(
-            silver, "bronze_version", since_version + 1, through)).where(window)
+            silver, "bronze_version", since_version + 1, through), silver.version()).where(window)
         q_rows = read_files(spark, tables["quarantine"], QUARANTINE, files_overlapping(
-            quarantine, "bronze_version", since_version + 1, through)).where(window)
+            quarantine, "bronze_version", since_version + 1, through), quarantine.version()).where(window)
     bronze = bronze.select(*LINEAGE, "key", "value", "timestamp")
     seen = (s_rows.select(*LINEAGE, F.lit(1).alias("s"), F.lit(0).alias("q"))
             .unionByName(q_rows.select(*LINEAGE, F.lit(0).alias("s"), F.lit(1).alias("q")))
@@ -171,9 +171,9 @@ def _silver_ids_near(spark, silver_path: str, definition: PipelineDefinition, ev
     if bounds.lo is None:
         return spark.createDataFrame([], "_id string")
     horizon = definition.dedup_horizon_ms * 1000
-    files = files_overlapping(open_table(silver_path), definition.event_time, _dt(bounds.lo - horizon),
-                              _dt(bounds.hi + horizon))
-    return read_files(spark, silver_path, silver_spec(definition), files).select(
+    silver = open_table(silver_path)
+    files = files_overlapping(silver, definition.event_time, _dt(bounds.lo - horizon), _dt(bounds.hi + horizon))
+    return read_files(spark, silver_path, silver_spec(definition), files, silver.version()).select(
         F.col(f"`{definition.event_id}`").cast("string").alias("_id"))
 
 
@@ -235,7 +235,7 @@ def check_gold(spark, tables: dict[str, str], definition: PipelineDefinition, ag
     silver = open_table(tables["silver"], version)
     files = files_overlapping(silver, event_time, _dt(lo_us - pad) if lo_us is not None else None,
                               _dt(hi_us + pad) if hi_us is not None else None)
-    events = read_files(spark, tables["silver"], silver_spec(definition), files)
+    events = read_files(spark, tables["silver"], silver_spec(definition), files, silver.version())
     t = F.unix_micros(F.col(f"`{event_time}`"))
     if lo_us is not None:
         events = events.where(t >= lo_us - pad)

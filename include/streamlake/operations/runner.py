@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -55,7 +54,7 @@ def spark_env() -> dict[str, str]:
 
 def job_processes(job: JobSpec) -> list[psutil.Process]:
     """Every process of a running instance of the job (spark-submit JVM, Python driver)."""
-    marker = str(Path(job.root))
+    marker = job.root
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []

@@ -37,7 +37,6 @@ import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +44,7 @@ import pyarrow.dataset as ds
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import evolve_table, files_overlapping, open_table, read_files
+from streamlake.delta.table import evolve_table, files_overlapping, open_table, parquet_dataset, read_files
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
 from streamlake.pipeline.gold import (
@@ -83,8 +82,9 @@ class AggregatePaths:
 
     @classmethod
     def of(cls, root: str, aggregate: Aggregate) -> "AggregatePaths":
-        return cls(str(Path(root) / "silver"), str(Path(root) / aggregate.gold_table),
-                   str(Path(root) / aggregate.late_table))
+        from streamlake.storage.location import join
+
+        return cls(join(root, "silver"), join(root, aggregate.gold_table), join(root, aggregate.late_table))
 
 
 @dataclass
@@ -172,7 +172,7 @@ def pending_late_events(definition: PipelineDefinition, aggregate: Aggregate, la
     files = files_overlapping(table, event_time, start, end)
     if not files:
         return spec.schema.empty_table()
-    data = ds.dataset(files, format="parquet", schema=spec.file_schema)
+    data = parquet_dataset(files, spec.file_schema)
     flt = (ds.field("applied") == False) & (ds.field("silver_version") <= max_silver_version)  # noqa: E712
     ts_type = spec.schema.field(event_time).type
     if start is not None:
@@ -219,7 +219,7 @@ def recompute_fixed(spark, definition: PipelineDefinition, aggregate: Aggregate,
     spec = silver_spec(definition)
     files = files_overlapping(table, definition.event_time, micros_to_datetime(low), micros_to_datetime(high))
     t = F.unix_micros(F.col(f"`{definition.event_time}`"))
-    events = read_files(spark, silver_path, spec, files).where((t >= low) & (t < high))
+    events = read_files(spark, silver_path, spec, files, table.version()).where((t >= low) & (t < high))
     key_schema = ", ".join(f"`{k}` {definition.field(k).type.sql}" for k in aggregate.keys)
     wanted = spark.createDataFrame([(*k, a, b) for k, a, b in windows],
                                    (key_schema + ", " if key_schema else "") + "_wstart long, _wend long")
@@ -238,7 +238,7 @@ def silver_events(definition: PipelineDefinition, aggregate: Aggregate, silver_p
     if not files:
         return []
     ts_type = spec.schema.field(event_time).type
-    data = ds.dataset(files, format="parquet", schema=spec.file_schema)
+    data = parquet_dataset(files, spec.file_schema)
     flt = ((ds.field(event_time) >= pa.scalar(micros_to_datetime(low_us), ts_type))
            & (ds.field(event_time) <= pa.scalar(micros_to_datetime(high_us), ts_type)))
     rows = data.to_table(filter=flt, columns=definition.field_names)

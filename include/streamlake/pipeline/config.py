@@ -4,18 +4,22 @@ Used by ``streamlake pipeline run``, the spark-submit entrypoint
 ``jobs/pipeline.py`` and named jobs (:meth:`streamlake.operations.jobs.JobSpec.pipeline_config`).
 Tables live at ``ROOT/bronze``, ``ROOT/silver``, ``ROOT/quarantine``,
 ``ROOT/gold/<aggregate>``, ``ROOT/late_events/<aggregate>``; checkpoints at
-``ROOT/_checkpoints/<stage>`` (``bronze``, ``silver``, ``gold/<aggregate>``); the
-job's control files at ``ROOT/_control``. Silver and gold come from a pipeline
-definition (:mod:`streamlake.pipeline.definition`); without one only bronze runs.
+``STATE/_checkpoints/<stage>`` (``bronze``, ``silver``, ``gold/<aggregate>``); the
+job's control files at ``STATE/_control``. ``STATE`` is the root itself on the local
+filesystem; for a root on an object store (``s3://bucket/prefix``) it is a directory on
+the driver's disk (:func:`streamlake.storage.location.state_dir`). Silver and gold come
+from a pipeline definition (:mod:`streamlake.pipeline.definition`); without one only
+bronze runs.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from streamlake.errors import InvalidOptionError
 from streamlake.pipeline.definition import PipelineDefinition
+from streamlake.storage.location import StorageOptions, join, normalize, parse_pairs, state_dir, storage_options
 
 STAGES = ("bronze", "silver", "gold")
 
@@ -38,9 +42,11 @@ class PipelineConfig:
     kafka: dict[str, str] = field(default_factory=dict)
     gold_partitions: int | None = None
     query_name: str = "pipeline"
+    storage_options: dict[str, str] = field(default_factory=dict)  # given (--storage-option), secrets too
 
     def __post_init__(self) -> None:
-        self.root = str(Path(self.root).absolute())
+        self.root = normalize(self.root)
+        self.storage()  # raises StorageOptionError for options a local root cannot use
         if self.definition is not None:
             self.topics, self.pattern = tuple(self.definition.topics), self.definition.topic_pattern
         if self.stages is None:
@@ -62,14 +68,23 @@ class PipelineConfig:
         return self.processing_time_s is None
 
     def table(self, name: str) -> str:
-        return str(Path(self.root) / name)
+        return join(self.root, name)
 
     def checkpoint(self, stage: str) -> str:
-        return str(Path(self.root) / "_checkpoints" / stage)
+        return os.path.join(state_dir(self.root), "_checkpoints", stage)
 
     @property
     def control_dir(self) -> str:
-        return str(Path(self.root) / "_control")
+        return os.path.join(state_dir(self.root), "_control")
+
+    def storage(self) -> StorageOptions:
+        """The root's storage options: its store's environment variables, then those given."""
+        return storage_options(self.root, self.storage_options)
+
+    def task_storage(self) -> dict[str, str]:
+        """The options that travel to the stages' queries and tasks: without secrets (tasks
+        read those from their own environment)."""
+        return self.storage().public()
 
     def bronze_config(self):
         from streamlake.pipeline.ingest import IngestConfig
@@ -79,7 +94,7 @@ class PipelineConfig:
             pattern=self.pattern, starting_offsets=self.starting_offsets, starting_timestamp=self.starting_timestamp,
             processing_time_s=self.processing_time_s, max_offsets_per_trigger=self.max_offsets_per_trigger,
             min_partitions=self.min_partitions, fail_on_data_loss=self.fail_on_data_loss, kafka=dict(self.kafka),
-            query_name=f"{self.query_name}:bronze",
+            query_name=f"{self.query_name}:bronze", storage_options=dict(self.storage_options),
         )
 
     def build_stages(self) -> list:
@@ -98,14 +113,16 @@ class PipelineConfig:
         from streamlake.pipeline.evolution import apply_definition
 
         apply_definition(self.root, d)
+        storage = self.task_storage()
         if "silver" in self.stages:
             stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
                                       self.checkpoint("silver"), processing_time_s=self.processing_time_s,
-                                      query_name=self.query_name))
+                                      query_name=self.query_name, storage=storage))
         if "gold" in self.stages:
             stages += [GoldStage(d, agg, self.table("silver"), self.table(agg.gold_table), self.table(agg.late_table),
                                  self.checkpoint(agg.stage), partitions=self.gold_partitions,
-                                 processing_time_s=self.processing_time_s, query_name=self.query_name)
+                                 processing_time_s=self.processing_time_s, query_name=self.query_name,
+                                 storage=storage)
                        for agg in d.aggregates]
         return stages
 
@@ -126,7 +143,13 @@ def add_pipeline_arguments(parser, *, root_required: bool = True) -> None:
                              "aggregates")
     parser.add_argument("--topic", help="bronze only, without a definition: topic(s) to ingest, comma-separated")
     parser.add_argument("--topic-pattern", help="bronze only, without a definition: regex of topics to ingest")
-    parser.add_argument("--root", required=root_required, help="directory of the pipeline's tables and checkpoints")
+    parser.add_argument("--root", required=root_required,
+                        help="where the pipeline's tables live: a directory (also its checkpoints), or an object-store "
+                             "URI such as s3://bucket/prefix (checkpoints then stay on the driver's disk)")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="storage option of an object-store --root, e.g. AWS_ENDPOINT_URL=... or "
+                             "conditional_put=etag (repeatable; the store's environment variables, AWS_* for S3, "
+                             "are read too, and are where secrets belong)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--available-now", action="store_true",
                       help="process everything available at start through every stage, then stop (default)")
@@ -169,6 +192,7 @@ def config_from_args(args) -> PipelineConfig:
         min_partitions=args.min_partitions, fail_on_data_loss=args.fail_on_data_loss == "true",
         kafka=parse_kafka_options(args.kafka_option), gold_partitions=args.gold_partitions,
         query_name=args.query_name or (definition.name if definition else "pipeline"),
+        storage_options=parse_pairs(getattr(args, "storage_option", None) or []),
     )
 
 
@@ -193,4 +217,13 @@ def config_to_args(cfg: PipelineConfig) -> list[str]:
             args += [flag, str(value)]
     for key, value in cfg.kafka.items():
         args += ["--kafka-option", f"{key}={value}"]
+    for key, value in cfg.storage().public().items():
+        if key in cfg.storage_options:  # the environment's own travel in the environment
+            args += ["--storage-option", f"{key}={value}"]
     return args
+
+
+def secret_environment(cfg: PipelineConfig) -> dict[str, str]:
+    """Secret storage options given for the root, as the environment of the run's process:
+    :func:`config_to_args` leaves them out (a command line is visible to every user)."""
+    return StorageOptions(cfg.root, cfg.storage_options).secret_environment()

@@ -42,7 +42,10 @@ class IncompatibleDefinitionError(StreamLakeError):
 
 
 def _record_path(root: str | Path) -> Path:
-    return Path(root) / "_control" / DEFINITION_FILE
+    """The record of ``root`` (in its state directory: the driver's disk for an object-store root)."""
+    from streamlake.storage.location import state_dir
+
+    return Path(state_dir(root)) / "_control" / DEFINITION_FILE
 
 
 def _record(root) -> dict | None:

@@ -33,16 +33,15 @@ decimals, so gold does not depend on batch boundaries or parallelism.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import TableSpec, ensure_table, files_overlapping, open_table, table_exists
+from streamlake.delta.table import TableSpec, ensure_table, files_overlapping, open_table, parquet_dataset, table_exists
 from streamlake.errors import InvalidOptionError
 from streamlake.faults import crash_point
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
@@ -69,7 +68,7 @@ LINEAGE = ("topic", "partition", "offset")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate):
+def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate, storage=None):
     """Open or create the aggregate's gold table. The window and the measures are recorded
     in gold's creating commit (``streamlake.window``, ``streamlake.aggregate``), so backfills and
     checks use what gold was built with. Raises InvalidOptionError if an existing gold holds
@@ -77,40 +76,44 @@ def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate)
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
+    from streamlake.delta.table import delta_options
+    from streamlake.storage.location import is_object_store
+
     spec = gold_spec(definition, aggregate)
-    if not table_exists(path):
-        if table_exists(os.path.dirname(path)):
-            raise InvalidOptionError(f"{os.path.dirname(path)} is a gold table of an older StreamLake (one gold table "
+    options = delta_options(path, storage)
+    if not table_exists(path, options):
+        parent = path.rsplit("/", 1)[0]
+        if table_exists(parent, options):
+            raise InvalidOptionError(f"{parent} is a gold table of an older StreamLake (one gold table "
                                      "per pipeline); run this pipeline under a new root")
-        os.makedirs(path, exist_ok=True)
+        if not is_object_store(path):
+            os.makedirs(path, exist_ok=True)
         try:
             DeltaTable.create(path, spec.schema, mode="ignore", partition_by=list(spec.partition_by), name=spec.name,
                               description=spec.description, configuration=dict(spec.configuration),
-                              commit_properties=CommitProperties(custom_metadata={"streamlake": {
+                              storage_options=options, commit_properties=CommitProperties(custom_metadata={"streamlake": {
                                   "operation": "create", "window": str(aggregate.window),
                                   "aggregate": aggregate.to_dict()}}))
         except CommitFailedError:
             pass  # another process created it first
-    table = ensure_table(path, spec)
-    built = gold_window(path)
+    table = ensure_table(path, spec, options)
+    built = gold_window(path, options)
     if built is not None and built != aggregate.window:
         raise InvalidOptionError(f"gold at {path} holds {built} windows; the definition asks for {aggregate.window}. "
                                  "Give the aggregate a new name (it is built from silver) or use a new root")
     return table
 
 
-def gold_window(path: str) -> WindowSpec | None:
+def gold_window(path: str, storage=None) -> WindowSpec | None:
     """The windows the gold table at ``path`` was built with (None if it does not say)."""
-    first = os.path.join(path, "_delta_log", f"{0:020d}.json")
+    from streamlake.delta.log import DeltaLog
+
     try:
-        with open(first, encoding="utf-8") as fh:
-            for line in fh:
-                info = json.loads(line).get("commitInfo") or {}
-                if (info.get("streamlake") or {}).get("window"):
-                    return WindowSpec.parse(info["streamlake"]["window"])
+        info = DeltaLog(path, storage=storage).commit_info(0)
     except FileNotFoundError:
-        pass
-    return None
+        return None
+    window = (info.get("streamlake") or {}).get("window")
+    return WindowSpec.parse(window) if window else None
 
 
 def watermark_ms(table) -> int | None:
@@ -194,14 +197,14 @@ def gold_row(definition: PipelineDefinition, aggregate: Aggregate, key: tuple, s
 
 
 def read_gold_rows(table, spec: TableSpec, aggregate: Aggregate, keys: set[tuple] | None, low_us: int,
-                   high_us: int) -> list[dict]:
+                   high_us: int, storage=None) -> list[dict]:
     """Gold rows (of ``keys``; None: all) whose window overlaps or touches ``[low_us, high_us]``,
     with ``window_start``/``window_end`` as datetimes."""
     low, high = micros_to_datetime(low_us), micros_to_datetime(high_us)
     files = files_overlapping(table, "window_end", low, None)
     if not files:
         return []
-    data = ds.dataset(files, format="parquet", schema=spec.file_schema)
+    data = parquet_dataset(files, spec.file_schema, storage)
     ts_type = spec.schema.field("window_end").type
     flt = (ds.field("window_end") >= pa.scalar(low, ts_type)) & (ds.field("window_start") <= pa.scalar(high, ts_type))
     rows = data.to_table(filter=flt)
@@ -295,6 +298,7 @@ class GoldStage(DeltaFedStage):
     processing_time_s: float | None = None
     query_name: str = "pipeline"
     source: str = SOURCE
+    storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
 
     @property
     def name(self) -> str:
@@ -320,11 +324,11 @@ class GoldStage(DeltaFedStage):
     def late_spec(self) -> TableSpec:
         from streamlake.delta.table import evolve_table
 
-        return evolve_table(self.late_path, late_spec(self.definition, self.aggregate))[1]
+        return evolve_table(self.late_path, late_spec(self.definition, self.aggregate), self.storage)[1]
 
     def prepare(self) -> None:
-        ensure_silver(self.silver_path, self.definition)
-        ensure_gold(self.gold_path, self.definition, self.aggregate)
+        ensure_silver(self.silver_path, self.definition, self.storage)
+        ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)
         self.late_spec()
 
     def process(self, df, batch: BatchRange) -> dict:
@@ -334,7 +338,7 @@ class GoldStage(DeltaFedStage):
         events and aggregating the on-time ones; the rest happens on the driver."""
         from pyspark.sql import functions as F
 
-        gold = ensure_gold(self.gold_path, self.definition, self.aggregate)
+        gold = ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)
         plan = batch.plan(gold, self.source, self.aggregate.gold_table)
         if not plan.write:
             log.info("%s batch %d: already in gold, nothing to write", self.name, batch.batch_id)
@@ -346,7 +350,7 @@ class GoldStage(DeltaFedStage):
             late_windows, on_time = self._classify(events, wm)
             late = append_batch(self.late_path, self.late_spec(), self._late_rows(late_windows, wm, batch), batch,
                                 source=self.source, stage=self.name, version_column=VERSION_COLUMN,
-                                stats_columns=self._late_stats())
+                                stats_columns=self._late_stats(), storage=self.storage)
             partials = self._partials(plan.rows(on_time, VERSION_COLUMN))
             new_wm = wm
             newest = max((p[MAX_EVENT] for p in partials if p[MAX_EVENT] is not None), default=None)
@@ -409,7 +413,7 @@ class GoldStage(DeltaFedStage):
         spec = self.gold_spec
 
         def attempt(_n: int) -> int:
-            gold = open_table(self.gold_path)
+            gold = open_table(self.gold_path, storage_options=self.storage)
             if not batch.plan(gold, self.source, self.aggregate.gold_table).write:
                 return 0  # committed by an earlier attempt whose result we did not see
             now = dt.datetime.now(dt.timezone.utc)
@@ -433,7 +437,7 @@ class GoldStage(DeltaFedStage):
         keys = {key_of(self.aggregate, p) for p in partials}
         low = min(p["window_start"] for p in partials)
         high = max(p["window_end"] for p in partials)
-        existing = read_gold_rows(gold, spec, self.aggregate, keys, low, high)
+        existing = read_gold_rows(gold, spec, self.aggregate, keys, low, high, self.storage)
         if self.aggregate.window.is_session:
             return combine_sessions(self.definition, self.aggregate, existing, partials, now)
         return combine_fixed(self.definition, self.aggregate, existing, partials, now), []

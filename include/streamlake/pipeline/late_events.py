@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pyarrow.dataset as ds
-
-from streamlake.delta.table import open_table, snapshot_files
+from streamlake.delta.table import open_table, parquet_dataset, snapshot_files
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
 
 
@@ -31,7 +29,7 @@ def hourly_summary(definition: PipelineDefinition, aggregate: Aggregate, late_pa
     if not files:
         return []
     columns = [*aggregate.keys, definition.event_time, "applied", "windows"]
-    data = ds.dataset(files, format="parquet").to_table(columns=columns).to_pylist()
+    data = parquet_dataset(files).to_table(columns=columns).to_pylist()
     hours: dict[dt.datetime, dict] = {}
     for row in data:
         time = row[definition.event_time]

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
-from streamlake.delta.table import ensure_table, evolve_table, files_overlapping
+from streamlake.delta.table import ensure_table, evolve_table, files_overlapping, parquet_dataset
 from streamlake.pipeline import bronze as bronze_table
 from streamlake.pipeline.definition import PipelineDefinition
 from streamlake.pipeline.schemas import QUARANTINE, silver_spec
@@ -57,10 +56,10 @@ def silver_stats_columns(definition: PipelineDefinition) -> tuple[str, ...]:
     return (*ids, definition.event_time, *LINEAGE, "bronze_version")
 
 
-def ensure_silver(path: str, definition: PipelineDefinition):
+def ensure_silver(path: str, definition: PipelineDefinition, storage=None):
     """Open or create silver for ``definition`` (adding columns of fields added since);
     returns (table, spec in the table's column order)."""
-    return evolve_table(path, silver_spec(definition))
+    return evolve_table(path, silver_spec(definition), storage)
 
 
 @dataclass
@@ -78,6 +77,7 @@ class SilverStage(DeltaFedStage):
     query_name: str = "pipeline"
     name: str = "silver"
     source: str = SOURCE
+    storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
 
     @property
     def source_path(self) -> str:
@@ -97,9 +97,9 @@ class SilverStage(DeltaFedStage):
         return opts
 
     def prepare(self) -> None:
-        bronze_table.ensure_bronze_table(self.bronze_path)
-        ensure_silver(self.silver_path, self.definition)
-        ensure_table(self.quarantine_path, QUARANTINE)
+        bronze_table.ensure_bronze_table(self.bronze_path, self.storage)
+        ensure_silver(self.silver_path, self.definition, self.storage)
+        ensure_table(self.quarantine_path, QUARANTINE, self.storage)
 
     def process(self, df, batch: BatchRange) -> dict:
         """Write one micro-batch of bronze rows to quarantine and silver (see the module docstring).
@@ -110,7 +110,7 @@ class SilverStage(DeltaFedStage):
         from pyspark.sql import functions as F
 
         d = self.definition
-        _table, spec = ensure_silver(self.silver_path, d)
+        _table, spec = ensure_silver(self.silver_path, d, self.storage)
         parsed = parse_events(df, d).persist()
         try:
             batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
@@ -148,10 +148,10 @@ class SilverStage(DeltaFedStage):
                 F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
             quarantined = append_batch(self.quarantine_path, QUARANTINE, rejected, batch, source=self.source,
                                        stage=self.name, version_column=VERSION_COLUMN,
-                                       stats_columns=QUARANTINE_STATS)
+                                       stats_columns=QUARANTINE_STATS, storage=self.storage)
             written = append_batch(self.silver_path, spec, events, batch, source=self.source, stage=self.name,
                                    version_column=VERSION_COLUMN, stats_columns=silver_stats_columns(d),
-                                   metadata={"duplicates": dropped.num_rows})
+                                   metadata={"duplicates": dropped.num_rows}, storage=self.storage)
         finally:
             parsed.unpersist()
         events_written = written.rows if written else 0
@@ -191,12 +191,12 @@ class SilverStage(DeltaFedStage):
         horizon = self.dedup_horizon_us
         times = events.column("t")
         low, high = pc.min(times).as_py(), pc.max(times).as_py()
-        table, spec = ensure_silver(self.silver_path, d)
+        table, spec = ensure_silver(self.silver_path, d, self.storage)
         files = files_overlapping(table, d.event_time, from_micros(low - horizon), from_micros(high + horizon))
         if not files:
             return set()
         wanted = pa.array(events.column("event_id").to_pylist(), pa.string())
-        found = ds.dataset(files, format="parquet", schema=spec.file_schema).to_table(
+        found = parquet_dataset(files, spec.file_schema, self.storage).to_table(
             columns=[d.event_id, d.event_time])
         found_ids = found.column(d.event_id).cast(pa.string())
         found = pa.table({"event_id": found_ids, "t": found.column(d.event_time)})

@@ -190,23 +190,26 @@ class Appended:
 
 def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source: str, stage: str,
                  version_column: str, stats_columns: Sequence[str] = (),
-                 extra_txns: Mapping[str, int] | None = None, metadata: Mapping | None = None) -> Appended | None:
+                 extra_txns: Mapping[str, int] | None = None, metadata: Mapping | None = None,
+                 storage: Mapping[str, str] | None = None) -> Appended | None:
     """Append ``rows`` (a Spark DataFrame in ``spec``'s schema; ``version_column``
     holds the upstream version each row was read from) to the table at ``path``
     as micro-batch ``batch``, exactly once. Returns what was committed, or None
-    when the table already has the batch (nothing is written).
+    when the table already has the batch (nothing is written). ``storage``: the
+    options of a table on an object store, without secrets (see
+    :func:`streamlake.delta.files.write_attempt_files`).
 
     Raises PositionGapError (see :meth:`BatchRange.plan`) and CommitConflictError
     after MAX_COMMIT_ATTEMPTS lost commit races."""
     for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
-        table = ensure_table(path, spec)
+        table = ensure_table(path, spec, storage)
         plan = batch.plan(table, source, spec.name)
         if not plan.write:
             log.info("%s batch %d: %s already has it, nothing to write", stage, batch.batch_id, spec.name)
             return None
         attempt_id = uuid.uuid4().hex
         files = write_attempt_files(plan.rows(rows, version_column), path, attempt_id, spec.file_schema.names,
-                                    stats_columns, partition_by=spec.partition_by)
+                                    stats_columns, partition_by=spec.partition_by, storage=storage)
         kind = spec.name.split("/")[0]  # late_events/<aggregate>: the crash point of any aggregate's
         crash_point(f"after_files_{kind}", batch.batch_id)
         records = sum(f.num_records for f in files)
@@ -224,7 +227,7 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                         stage, batch.batch_id, spec.name, exc)
             time.sleep(0.05 * attempt)
             continue
-        version = committed_version(path, table.version(), attempt_id)
+        version = committed_version(path, table.version(), attempt_id, storage)
         crash_point(f"after_commit_{kind}", batch.batch_id)
         log.info("%s batch %d: %s version %d: %d rows in %d files (%s -> %s)", stage, batch.batch_id,
                  spec.name, version, records, len(files), batch.start or "beginning", batch.end)
@@ -233,9 +236,10 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                               f"{MAX_COMMIT_ATTEMPTS} times")
 
 
-def committed_version(path: str, read_version: int, attempt_id: str) -> int:
+def committed_version(path: str, read_version: int, attempt_id: str,
+                      storage: Mapping[str, str] | None = None) -> int:
     """The version an attempt's commit landed at (delta-rs may rebase it past others)."""
-    table = open_table(path)
+    table = open_table(path, storage_options=storage)
     latest = table.version()
     for entry in table.history(limit=max(1, latest - read_version)):
         if entry.get("streamlake", {}).get("attempt") == attempt_id:
@@ -254,7 +258,8 @@ def with_commit_retries(what: str, attempt_once: Callable[[int], object]) -> obj
     raise CommitConflictError(f"{what}: lost the commit {MAX_COMMIT_ATTEMPTS} times to concurrent writers")
 
 
-def resume_options(tables: Mapping[str, str], source: str, source_path: str, checkpoint: QueryCheckpoint) -> dict:
+def resume_options(tables: Mapping[str, str], source: str, source_path: str, checkpoint: QueryCheckpoint,
+                   storage: Mapping[str, str] | None = None) -> dict:
     """Source options for a stage's query: where a *new* query starts.
 
     An existing checkpoint is resumed as is. Otherwise the query starts at the
@@ -269,14 +274,14 @@ def resume_options(tables: Mapping[str, str], source: str, source_path: str, che
         positions = []
         for path in tables.values():
             try:
-                positions.append(committed_position(open_table(path), source))
+                positions.append(committed_position(open_table(path, storage_options=storage), source))
             except FileNotFoundError:
                 positions.append(None)
         if any(p is None for p in positions) or not positions:
             checkpoint.save_initial_position(None)
             return {}
         start = min(positions, key=SourcePosition.sort_key)
-        reservoir_id = open_table(source_path).metadata().id
+        reservoir_id = open_table(source_path, storage_options=storage).metadata().id
         saved = start.to_offset(reservoir_id)
         checkpoint.save_initial_position(saved)
     return {"startingOffset": json.dumps(saved)} if saved else {}
@@ -286,7 +291,8 @@ class DeltaFedStage:
     """Mixin for stages whose query reads an upstream Delta table: starting the query,
     progress lines. Subclasses define ``name``, ``source``, ``source_path``,
     ``checkpoint``, ``processing_time_s``, ``outputs()``, ``source_options()``,
-    ``prepare()`` and ``process(df, batch)``."""
+    ``prepare()`` and ``process(df, batch)``; ``storage`` (options without secrets) when
+    the tables are on an object store."""
 
     def __call__(self, df, batch_id: int) -> None:
         """Process the batch; what it did goes to the query's checkpoint for the progress line
@@ -304,7 +310,8 @@ class DeltaFedStage:
         checkpoint = QueryCheckpoint(self.checkpoint)
         for name in checkpoint.discard_interrupted_first_batch():
             log.warning("%s: removed %s, a write a kill interrupted before the first batch", self.name, name)
-        options = {**self.source_options(), **resume_options(self.outputs(), self.source, self.source_path, checkpoint)}
+        options = {**self.source_options(), **{f"storage.{k}": v for k, v in self.storage.items()},
+                   **resume_options(self.outputs(), self.source, self.source_path, checkpoint, self.storage)}
         reader = spark.readStream.format(FORMAT)
         for key, value in options.items():
             reader = reader.option(key, value)

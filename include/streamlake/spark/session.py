@@ -23,6 +23,10 @@ SPARK_DEFAULTS: dict[str, str] = {
     "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",
     "spark.sql.streaming.numRecentProgressUpdates": "20",
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+    # How long a Python worker (a streaming source's runner, a foreachBatch sink) may take to
+    # connect back to its JVM: Spark's 15 s failed a run on 2 busy cores here
+    # (CANNOT_OPEN_SOCKET ... timed out, a killed query), a wait the machine's load explains.
+    "spark.python.authenticate.socketTimeout": "120s",
 }
 
 

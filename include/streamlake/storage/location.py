@@ -2,7 +2,9 @@
 
 A table is a plain path, a ``file://`` URI, or an object-store URI (so far bronze
 tables: ``streamlake ingest``, ``audit``, ``vacuum`` and the ``streamlake-delta``
-source take them): ``s3://bucket/prefix`` (also ``s3a://``; MinIO
+source take them; and a pipeline's root: ``pipeline run`` writes bronze, silver,
+quarantine, gold and late events there, its checkpoints and control files to
+:func:`state_dir`; ``check``, ``backfill`` and ``quality run`` read and write it): ``s3://bucket/prefix`` (also ``s3a://``; MinIO
 and other S3-compatible stores through an endpoint), ``gs://bucket/prefix``
 or ``abfss://container@account.dfs.core.windows.net/prefix``.
 
@@ -11,7 +13,8 @@ Storage options come from the usual places, later ones winning:
 1. the environment variables of the store's family (``AWS_*`` for S3,
    ``GOOGLE_*`` for GCS, ``AZURE_*`` for Azure), the way every AWS/GCP/Azure
    tool reads them;
-2. ``--storage-option KEY=VALUE`` (repeatable).
+2. the options a job recorded for its root (:func:`remember_options`);
+3. ``--storage-option KEY=VALUE`` (repeatable).
 
 Keys are delta-rs's (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``,
 ``conditional_put``, ...). Secret values (keys naming a secret, token,
@@ -87,6 +90,22 @@ def join(root: str | os.PathLike, *parts: str) -> str:
     return "/".join([raw, *(p.strip("/") for p in parts if p)])
 
 
+def state_dir(root: str | os.PathLike) -> str:
+    """Where the driver keeps a root's Spark checkpoints and control files (``_checkpoints/``,
+    ``_control/``): the root itself on the local filesystem; for an object-store root a
+    directory on the driver's own disk, ``$STREAMLAKE_HOME/lakes/<scheme>/<bucket>/<prefix>``.
+    Spark's checkpoints cannot go to an object store here (the s3a connector's jars cannot be
+    installed), and need not: every table's commits carry the positions it consumed, so a
+    driver that lost this directory resumes from the tables alone."""
+    raw = normalize(root)
+    if not is_object_store(raw):
+        return raw
+    from streamlake import config
+
+    store, rest = raw.split("://", 1)
+    return os.path.join(str(config.home()), "lakes", store.lower(), *[p for p in rest.split("/") if p])
+
+
 def is_secret(key: str) -> bool:
     """True for a key whose value must never be printed (secret keys, tokens, passwords)."""
     upper = key.upper()
@@ -151,11 +170,33 @@ class StorageOptions(Mapping[str, str]):
         return dict(self.values) if self.values else None
 
 
+# Options of object-store roots this process was told about (remember_options), by root.
+_REMEMBERED: dict[str, dict[str, str]] = {}
+
+
+def remember_options(root: str | os.PathLike, options: Mapping[str, str]) -> None:
+    """Make every later :func:`storage_options` of ``root`` or a URI under it, in this process,
+    include ``options`` (after the environment's, before those given). A job's recorded
+    options (endpoint, region, commit mode; never secrets) so reach every table its
+    checks, backfills and validations open, the way Hadoop's per-bucket settings do."""
+    raw = normalize(root)
+    if options and is_object_store(raw):
+        _REMEMBERED[raw] = dict(options)
+
+
+def _remembered(uri: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for root in sorted(r for r in _REMEMBERED if uri == r or uri.startswith(r + "/")):
+        out.update(_REMEMBERED[root])  # the longest root last: the most specific wins
+    return out
+
+
 def storage_options(uri: str | os.PathLike, given: Mapping[str, str] | Iterable[str] = (),
                     env: Mapping[str, str] | None = None) -> StorageOptions:
-    """The storage options of ``uri``: its family's environment variables, then ``given``
-    (a mapping, or ``KEY=VALUE`` strings). Raises StorageOptionError for options given for a
-    local path (they would be silently ignored) or malformed pairs."""
+    """The storage options of ``uri``: its family's environment variables, then the options
+    remembered for a root it is under (:func:`remember_options`), then ``given`` (a mapping,
+    or ``KEY=VALUE`` strings). Raises StorageOptionError for options given for a local path
+    (they would be silently ignored) or malformed pairs."""
     raw = normalize(uri)
     given = dict(given) if isinstance(given, Mapping) else parse_pairs(given)
     family = store_family(raw)
@@ -167,6 +208,7 @@ def storage_options(uri: str | os.PathLike, given: Mapping[str, str] | Iterable[
     env = os.environ if env is None else env
     prefix = ENV_PREFIXES[family]
     values = {k: v for k, v in env.items() if k.startswith(prefix) and v != ""}
+    values.update(_remembered(raw))
     values.update(given)
     return StorageOptions(raw, values)
 
