@@ -69,6 +69,20 @@ def test_storage_options_come_from_the_environment_then_flags_and_secrets_never_
 
 
 @pytest.mark.fast
+def test_a_savepoint_of_a_root_on_s3_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    """Savepoints (and restore and rescale, built on them) do not take an object-store root yet:
+    a clear error before anything is paused, copied or recorded."""
+    from streamlake.operations.jobs import JobSpec
+    from streamlake.operations.savepoints import SavepointError, create_savepoint
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    job = JobSpec(name="on-s3", root="s3://lake/on-s3", topics=["t"])
+    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a savepoint is not"):
+        create_savepoint(job)
+    assert not (tmp_path / "home").exists() or not list((tmp_path / "home").rglob("sp-*"))
+
+
+@pytest.mark.fast
 def test_the_ingest_job_gets_secrets_through_its_environment_never_its_command_line():
     import argparse
 

@@ -112,6 +112,7 @@ def own_jvm_reason(cfg, master: str | None, job) -> str | None:
     master the user names and the run of a job with Spark resources of its own (as
     JobRunOperator.needs_own_jvm decides for the DAGs)."""
     from streamlake.storage.location import is_object_store
+
     if not cfg.available_now:
         return "a continuous run"
     if is_object_store(cfg.root):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from streamlake import __version__, config
 from streamlake.config import savepoints_dir
-from streamlake.delta.table import ensure_table, open_table
+from streamlake.delta.table import open_table
 from streamlake.delta.txn import (
     committed_offsets,
     first_offset_app_id,
@@ -163,18 +163,30 @@ def managed_transactions(job: JobSpec, name: str, table) -> dict[str, int]:
     return txns
 
 
+def require_local_root(job: JobSpec, what: str) -> None:
+    """Raise SavepointError for a job whose root is on an object store: savepoints (and the
+    restore and rescale built on them) are not built for such roots yet, and nothing is done."""
+    from streamlake.storage.location import is_object_store
+
+    if is_object_store(job.root):
+        raise SavepointError(f"job {job.name}: its root {job.root} is on an object store, where {what} is not "
+                             "supported yet; nothing was done (each table's commits carry the positions it "
+                             "consumed, so a restarted run resumes exactly where the tables end)")
+
+
 def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180.0, note: str = "") -> SavepointManifest:
     """Take a savepoint of ``job`` at micro-batch boundaries; stop the job after it if ``stop``.
 
     A running job is paused for the copy and then resumed (or stopped); an idle
     job is kept from starting meanwhile. Raises TimeoutError if the job does not
-    reach a boundary in time.
+    reach a boundary in time, SavepointError for a root on an object store.
     """
     from streamlake.delta.table import evolve_table
     from streamlake.pipeline.bronze import BRONZE
     from streamlake.pipeline.gold import WATERMARK_APP_ID
     from streamlake.pipeline.schemas import table_spec
 
+    require_local_root(job, "a savepoint")
     definition = job.definition
     control = job.control
     sp_id = f"sp-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -267,6 +279,7 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
 
     manifest = load_savepoint(savepoint_id)
     job = load_job(manifest.job)
+    require_local_root(job, "a restore")
     control = job.control
     was_running = control.is_running()
     if was_running:
