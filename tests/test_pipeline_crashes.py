@@ -82,9 +82,10 @@ def wave(definition: Path, topic: str, clock: FixedClock, seed: int, **mix) -> N
 
 
 def first_wave_then_second(spark, root: Path, definition: Path, topic: str,
-                           crash: str | None = None) -> tuple[int, str] | None:
+                           crash: str | None = None, env: dict | None = None) -> tuple[int, str] | None:
     """Wave 1, a clean run (gold gets watermarks), wave 2 with late orders, a second run:
-    clean, or SIGKILLed at ``crash``, whose exit status and output are then returned.
+    clean, or SIGKILLed at ``crash``, or a CLI run with ``env``, whose exit status and output
+    are then returned.
 
     Clean runs run in the test's SparkSession (the same stages and settings as the CLI's,
     without a JVM start); the run a crash kills is a `streamlake pipeline run` process tree."""
@@ -95,8 +96,8 @@ def first_wave_then_second(spark, root: Path, definition: Path, topic: str,
     # watermarks wave 1 left, so even gold's first batch of wave 2 finds them late.
     clock.now += dt.timedelta(seconds=30)
     wave(definition, topic, clock, 52, late_fraction=0.1)
-    if crash:
-        return pipeline(root, definition, env={"STREAMLAKE_CRASH_AT": crash})
+    if crash or env:
+        return pipeline(root, definition, env={**({"STREAMLAKE_CRASH_AT": crash} if crash else {}), **(env or {})})
     run_clean(spark, root, definition)
     return None
 
@@ -147,3 +148,28 @@ def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker,
     for aggregate in d.aggregates:
         report = check_gold(spark, paths, d, aggregate)
         assert report.passed, report.summary()
+
+
+def test_a_python_worker_that_connects_back_too_late_restarts_the_query_and_changes_no_result(
+        spark, broker, reference, tmp_path):
+    """Spark waits a fixed 10 s for a new Python process (the runner of each streaming
+    source) to connect back; on a busy machine it can miss that and the query fails with
+    "Python worker failed to connect back". The run restarts the query and its results are
+    those of a run that never met it. The fault is real: PYSPARK_PYTHON is a wrapper that
+    holds the first streaming source runner for 15 s before it starts Python."""
+    import uuid
+
+    marker = tmp_path / "held"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"""#!/bin/bash
+if [[ "$*" == *python_streaming_source_runner* ]] && mkdir {marker} 2>/dev/null; then sleep 15; fi
+exec {sys.executable} "$@"
+""")
+    wrapper.chmod(0o755)
+    root, topic = tmp_path / "lake", f"slow-{uuid.uuid4().hex[:8]}"
+    definition = example("orders", tmp_path, topic, lateness="5s")
+    code, out = first_wave_then_second(spark, root, definition, topic, env={"PYSPARK_PYTHON": str(wrapper)})
+    assert marker.exists(), f"the wrapper should have held a streaming source runner:\n{out[-3000:]}"
+    assert code == 0, out[-3000:]
+    assert "after a transient failure: " in out and "Python worker failed to connect back" in out, out[-3000:]
+    assert results(spark, root, definition) == reference

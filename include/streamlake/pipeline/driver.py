@@ -7,7 +7,17 @@ own checkpoint; they are chained through their Delta tables. The driver:
   drained what its upstream held when it started, so when it returns every
   stage has caught up with what Kafka held at the start;
 * **continuous** (processing-time triggers) runs all stages at once until
-  stopped.
+  stopped. It starts them one at a time: each query's sources are initialized
+  (Spark starts a Python process for each ``streamlake-*`` source) before the
+  next query starts, so a busy machine never has all of them starting at once.
+
+A query that fails while Spark starts one of its Python processes ("Python
+worker failed to connect back": Spark waits a fixed 10 s, not configurable, for
+it to connect) is restarted with the rest of its group, at most
+:data:`TRANSIENT_RESTARTS` times per run. That failure comes before the query
+ran a batch or in place of one; a restart continues from the checkpoints and
+the tables' commits, as after any crash, so it loses and duplicates nothing.
+Every other failure ends the run.
 
 It holds the job lock for its whole life and obeys the control files
 (:mod:`streamlake.operations.control`): STOP ends the job at micro-batch
@@ -70,9 +80,20 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
                              else None)
         stopped = False
         pending = list(stages)
+        restarts = 0
         while pending:
             group = pending[:1] if available_now else pending
-            outcome = follower.follow([stage.start(spark, available_now) for stage in group])
+            try:
+                outcome = follower.follow(start_group(spark, group, available_now))
+            except Exception as exc:  # noqa: BLE001 - re-raised unless a transient start failure
+                if not transient_failure(exc) or restarts >= TRANSIENT_RESTARTS:
+                    raise
+                restarts += 1
+                report(f"restarting {', '.join(s.name for s in group)} ({restarts}/{TRANSIENT_RESTARTS}) after a "
+                       f"transient failure: {describe_failure(exc)}")
+                log.warning("restarting %s after a transient failure", [s.name for s in group], exc_info=True)
+                time.sleep(TRANSIENT_BACKOFF_S * restarts)
+                continue
             if outcome == "finished":
                 pending = pending[len(group):]
                 continue
@@ -98,6 +119,52 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
         record_operation("pipeline-run", query_name, {**summary, "mode": mode or (
             "available-now" if available_now else "continuous")})
     return summary
+
+
+# A query that failed starting a Python process (see the module docstring) is restarted this
+# often per run, after TRANSIENT_BACKOFF_S, twice that, ...
+TRANSIENT_RESTARTS = 3
+TRANSIENT_BACKOFF_S = 5.0
+_TRANSIENT_MESSAGES = ("Python worker failed to connect back",)
+# How long a continuous run waits for a query's sources before it starts the next query anyway.
+SOURCE_START_TIMEOUT_S = 120.0
+
+
+def transient_failure(exc: BaseException) -> bool:
+    """True for a failure the next attempt can be expected not to meet: Spark timed out waiting
+    for a new Python process to connect back (a busy machine), nothing about the data or the
+    tables."""
+    text = str(exc)
+    return any(message in text for message in _TRANSIENT_MESSAGES)
+
+
+def start_group(spark, group: Sequence[Stage], available_now: bool) -> list[RunningQuery]:
+    """Start the queries of ``group`` in order, each once the previous one's sources are
+    initialized (or it ended, or SOURCE_START_TIMEOUT_S passed). If a start raises, the
+    queries already started are stopped before the error propagates."""
+    running: list[RunningQuery] = []
+    try:
+        for stage in group:
+            if running:
+                wait_for_sources(running[-1].query, SOURCE_START_TIMEOUT_S)
+            running.append(stage.start(spark, available_now))
+    except BaseException:
+        for r in running:
+            if r.query.isActive:
+                r.query.stop()
+        raise
+    return running
+
+
+def wait_for_sources(query, timeout_s: float) -> bool:
+    """Wait until ``query`` is past initializing its sources ("Initializing ..." in its status)
+    or no longer active; False if ``timeout_s`` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and str(query.status.get("message", "")).startswith("Initializing"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 RECORD_EVERY_S = 300  # a continuous run records its counts in the operations table this often

@@ -89,9 +89,12 @@ def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def spark_submit_executable() -> str:
-    candidate = Path(python_executable()).parent / "spark-submit"
-    if candidate.exists():
-        return str(candidate)
+    """pyspark's spark-submit: beside this interpreter (the environment running StreamLake),
+    beside the workers' interpreter, else on PATH."""
+    for python in (sys.executable, python_executable()):
+        candidate = Path(python).parent / "spark-submit"
+        if candidate.exists():
+            return str(candidate)
     found = shutil.which("spark-submit")
     if not found:
         raise FileNotFoundError("spark-submit not found: run `make setup` (pyspark provides it)")
