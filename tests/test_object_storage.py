@@ -69,17 +69,36 @@ def test_storage_options_come_from_the_environment_then_flags_and_secrets_never_
 
 
 @pytest.mark.fast
-def test_a_savepoint_of_a_root_on_s3_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
-    """Savepoints (and restore and rescale, built on them) do not take an object-store root yet:
-    a clear error before anything is paused, copied or recorded."""
-    from streamlake.operations.jobs import JobSpec
-    from streamlake.operations.savepoints import SavepointError, create_savepoint
+def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
+    from streamlake.orchestration.hooks import connection_environment
+
+    env = connection_environment("AKIA1", "s3cr3t-value", {
+        "region_name": "eu-west-1", "service_config": {"s3": {"endpoint_url": "http://127.0.0.1:9000"}},
+        "aws_session_token": "tok-value", "AWS_S3_LOCKING_PROVIDER": "dynamodb", "role_arn": "not-ours"})
+    assert env == {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",
+                   "AWS_SESSION_TOKEN": "tok-value", "AWS_REGION": "eu-west-1",
+                   "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+                   "AWS_S3_LOCKING_PROVIDER": "dynamodb"}
+    assert connection_environment(None, None, '{"endpoint_url": "https://s3.example.com"}') == {
+        "AWS_ENDPOINT_URL": "https://s3.example.com"}  # https: no AWS_ALLOW_HTTP
+
+
+@pytest.mark.fast
+def test_the_savepoint_restore_and_rescale_dags_refuse_a_root_on_s3_and_write_nothing(tmp_path, monkeypatch):
+    """From Airflow, savepoints, restores and rescales of an object-store root are refused (the
+    CLI takes and restores them; the DAG tasks, which run in Airflow's worker, have not been run
+    against a store): a clear error before anything is paused, copied or recorded."""
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.operations.savepoints import SavepointError
+    from streamlake.orchestration.tasks import take_savepoint
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
-    job = JobSpec(name="on-s3", root="s3://lake/on-s3", topics=["t"])
-    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a savepoint is not"):
-        create_savepoint(job)
-    assert not (tmp_path / "home").exists() or not list((tmp_path / "home").rglob("sp-*"))
+    save_job(JobSpec(name="on-s3", root="s3://lake/on-s3", topics=["t"]))
+    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a rescale from Airflow"):
+        take_savepoint("on-s3", stop=True, note="rescale")
+    with pytest.raises(SavepointError, match="where a savepoint from Airflow is not supported"):
+        take_savepoint("on-s3", stop=False)
+    assert not list((tmp_path / "home").rglob("sp-*"))
 
 
 @pytest.mark.fast
@@ -321,6 +340,42 @@ def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost
                 assert_no_secret(s3, fh.read().decode())
 
 
+def assert_tables_equal_what_was_produced(s3: dict, root: str, definition_file: Path, producer) -> dict:
+    """Quarantine holds exactly the malformed records with their reasons, silver each valid event
+    once with its values, each gold table the test's own aggregate (tests/oracle.py) of the
+    events not held back as late; some late events were kept. Returns the events by id."""
+    import oracle
+    from streamlake.pipeline.definition import load_definition
+
+    definition = load_definition(definition_file)
+    records = producer.records
+    silver = f"{root}/silver"
+    where = {r.seq: producer.lineage[r.seq] for r in records}
+    # quarantine: exactly the malformed records, each with the reason it was produced with
+    quarantine = table_rows(s3, f"{root}/quarantine", ("partition", "offset", "reason")).to_pylist()
+    expected = {(*where[r.seq], r.reason) for r in records if r.kind == "malformed"}
+    assert sorted((q["partition"], q["offset"], q["reason"]) for q in quarantine) == sorted(expected)
+    # silver: each valid event once (duplicates dropped), with the typed values produced
+    events = {r.fields[definition.event_id]: r.fields for r in records if r.kind in ("valid", "late")}
+    rows = table_rows(s3, silver, definition.field_names).to_pylist()
+    ids = [row[definition.event_id] for row in rows]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} events are in silver twice"
+    assert set(ids) == set(events)
+    assert all(row == events[row[definition.event_id]] for row in rows), "an event's values differ"
+    # gold: the test's own aggregate of the events not held back as late; late events all kept
+    raw = oracle.load(definition_file)
+    for agg in definition.aggregates:
+        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id,)).column(0).to_pylist()
+        assert set(late) <= set(events) and len(late) == len(set(late)), agg.name
+        on_time = [e for i, e in events.items() if i not in set(late)]
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, on_time), gold, list(agg.keys))
+        assert not problems, f"gold/{agg.name}:\n" + "\n".join(problems[:20])
+    assert any(table_rows(s3, f"{root}/{a.late_table}", ("offset",)).num_rows for a in definition.aggregates), \
+        "late events were produced: some must be kept"
+    return events
+
+
 @pytest.mark.slow
 def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver_disk(s3, live_producer, topic_name,
                                                                                       tmp_path):
@@ -333,12 +388,17 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     it produced and with gold it aggregates itself (tests/oracle.py). Then, with only the
     credentials in the environment (the root's job recorded the other options): `check`
     proves it, `backfill` applies every late event (gold = the aggregate of every event), a
-    later check after more records is incremental, and `quality run` validates silver."""
+    later check after more records is incremental, and `quality run` validates silver. A savepoint
+    taken after the backfill (kept on S3) is restored by a new driver with an empty home from its
+    URI alone; the run after it takes the later records again, each table holds every record
+    once, gold equals the test's aggregate, and `check` proves it. No credential in any output,
+    file, or the stored manifest."""
     import oracle
     from helpers import example
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
     from streamlake.pipeline.definition import load_definition
+    from streamlake.operations.jobs import root_identity
     from streamlake.storage.location import state_dir
 
     definition_file = example("orders", tmp_path, topic_name, lateness="5s")  # late events sooner
@@ -370,29 +430,8 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     code, out2 = cli(*common, "--available-now", timeout=400)
     assert code == 0, out2[-3000:]
 
-    where = {r.seq: producer.lineage[r.seq] for r in records}
-    # quarantine: exactly the malformed records, each with the reason it was produced with
-    quarantine = table_rows(s3, f"{root}/quarantine", ("partition", "offset", "reason")).to_pylist()
-    expected = {(*where[r.seq], r.reason) for r in records if r.kind == "malformed"}
-    assert sorted((q["partition"], q["offset"], q["reason"]) for q in quarantine) == sorted(expected)
-    # silver: each valid event once (duplicates dropped), with the typed values produced
-    events = {r.fields[definition.event_id]: r.fields for r in records if r.kind in ("valid", "late")}
-    rows = table_rows(s3, silver, definition.field_names).to_pylist()
-    ids = [row[definition.event_id] for row in rows]
-    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} events are in silver twice"
-    assert set(ids) == set(events)
-    assert all(row == events[row[definition.event_id]] for row in rows), "an event's values differ"
-    # gold: the test's own aggregate of the events not held back as late; late events all kept
+    events = assert_tables_equal_what_was_produced(s3, root, definition_file, producer)
     raw = oracle.load(definition_file)
-    for agg in definition.aggregates:
-        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id,)).column(0).to_pylist()
-        assert set(late) <= set(events) and len(late) == len(set(late)), agg.name
-        on_time = [e for i, e in events.items() if i not in set(late)]
-        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
-        problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, on_time), gold, list(agg.keys))
-        assert not problems, f"gold/{agg.name}:\n" + "\n".join(problems[:20])
-    assert any(table_rows(s3, f"{root}/{a.late_table}", ("offset",)).num_rows for a in definition.aggregates), \
-        "late events were produced: some must be kept"
     assert "on the Spark Connect server" not in out2, "an S3 root's run has its own JVM (its credentials)"
 
     # The root's job recorded the options given, without the secrets: `check` and `backfill --root`
@@ -410,6 +449,12 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
                                        list(agg.keys))
         assert not problems, f"gold/{agg.name} after the backfill:\n" + "\n".join(problems[:20])
         assert all(table_rows(s3, f"{root}/{agg.late_table}", ("applied",)).column(0).to_pylist())
+    # A savepoint of the job (idle: no JVM), kept beside its tables on S3.
+    job_name = root_identity(root)
+    code, out8 = cli("savepoint", "create", "--job", job_name, env=credentials, timeout=120)
+    assert code == 0, out8[-3000:]
+    savepoint = f"{root}/_savepoints/{out8.split()[0]}"
+    assert f"is at {savepoint}" in out8, out8
     # More records, another run, and the next check is incremental: from the last proof, only the
     # files the Delta log shows added since are audited (no listing of the bucket).
     more = live_producer(topic_name, partitions=3, count=150, seed=24, definition=definition)
@@ -424,7 +469,38 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     assert code == 0, out5[-3000:]
     quality = json.loads(out5[out5.index("{"):out5.rindex("}") + 1])
     assert quality["rows"] >= len(events) and quality["status"] in ("PASS", "WARN"), quality
-    assert_no_secret(s3, out1, out2, out3, out4, out5, out6, out7, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+
+    # A new driver machine (an empty STREAMLAKE_HOME: no job, checkpoint or ledger) restores the
+    # savepoint from its URI; the job is defined again from the manifest. The run after it takes
+    # the 150 records again from the savepoint's offsets: every table holds every record once.
+    new_driver = {**credentials, "STREAMLAKE_HOME": str(tmp_path / "new-driver")}
+    public = [f for k, v in s3.items() if k not in credentials for f in ("--storage-option", f"{k}={v}")]
+    code, out9 = cli("savepoint", "restore", savepoint, *public, env=new_driver, timeout=120)
+    assert code == 0, out9[-3000:]
+    restored = json.loads(out9[out9.index("{"):out9.rindex("}") + 1])
+    assert restored["job"] == job_name and restored["location"] == savepoint, restored
+    code, out10 = cli("pipeline", "run", "--definition", str(definition_file), "--root", root, "--master",
+                      "local[2]", "--available-now", env=new_driver, timeout=400)
+    assert code == 0, out10[-3000:]
+    code, out11 = cli("check", "--root", root, "--master", "local[2]", env=new_driver, timeout=400)
+    assert code == 0, out11[-3000:]
+    for proof in (f"EXACTLY ONCE: {len(records) + 150} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
+        assert proof in out11, (proof, out11[-3000:])
+    every = {**events, **{r.fields[definition.event_id]: r.fields for r in more.records if r.kind in ("valid", "late")}}
+    ids = table_rows(s3, silver, (definition.event_id,)).column(0).to_pylist()
+    assert sorted(ids) == sorted(every), "silver after the restore and the run: each event once"
+    for agg in definition.aggregates:
+        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id, "applied")).to_pylist()
+        pending = {row[definition.event_id] for row in late if not row["applied"]}
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        expected = oracle.expected_gold(raw, agg.name, [e for i, e in every.items() if i not in pending])
+        problems = oracle.compare_gold(expected, gold, list(agg.keys))
+        assert not problems, f"gold/{agg.name} after the restore:\n" + "\n".join(problems[:20])
+    fs, _ = arrow_filesystem(storage_options(root, s3, env={}))
+    with fs.open_input_stream(f"{savepoint.removeprefix('s3://')}/manifest.json") as fh:
+        stored_manifest = fh.read().decode()
+    assert_no_secret(s3, out1, out2, out3, out4, out5, out6, out7, out8, out9, out10, out11, stored_manifest,
+                     paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
 
 
 @pytest.mark.slow
@@ -536,3 +612,80 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
     with pytest.raises(Exception, match="hold credentials"):  # InvalidOptionError, through Spark
         (spark.readStream.format("streamlake-delta").option("storage.AWS_SECRET_ACCESS_KEY", "x")
          .load(table).writeStream.format("noop").start())
+
+
+@pytest.mark.slow
+def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airflow_connection(
+        s3, live_producer, topic_name, tmp_path, monkeypatch):
+    """`airflow dags test ingest_<job>` of a job rooted on the S3 server, once while its records are
+    produced one at a time and once after, then `backfill_<job>`, with no AWS_* variable
+    in Airflow's environment: the credentials and the endpoint come from an Airflow connection
+    of type aws (the job's storage connection). The run and its proof (verify) are processes
+    of their own with them in their environment; the tables equal what the test produced and
+    its own aggregate (after the backfill: of every event), and no credential is in the output
+    or anywhere under STREAMLAKE_HOME (Airflow's database and task logs included)."""
+    import oracle
+    import yaml
+
+    from conftest import SPARK_CONNECT_PORT
+    from helpers import EXAMPLES
+    from streamlake.kafka.client import client_config
+    from streamlake.kafka.producer import ensure_topic
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.pipeline.definition import load_definition
+    from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
+
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    monkeypatch.setenv("STREAMLAKE_PIPELINES", str(pipelines))
+    name = f"s3{uuid.uuid4().hex[:6]}"
+    data = yaml.safe_load((EXAMPLES / "orders.yaml").read_text())
+    data.update(name=name, topics=[topic_name])
+    for aggregate in data["aggregates"]:
+        aggregate["allowed_lateness"] = "5s"
+    definition_file = pipelines / f"{name}.yaml"
+    definition_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    root = f"s3://lake/{name}"
+    save_job(JobSpec(name=name, root=root, definition_file=str(definition_file), max_offsets_per_trigger=300,
+                     storage_options={"conditional_put": "etag"}, storage_conn_id="lake_s3"))
+    ensure_topic(client_config(), topic_name, 3)
+    producer = live_producer(topic_name, partitions=3, rate=15, count=1200, seed=31,
+                             definition=load_definition(definition_file), late_fraction=0.08,
+                             out_of_order_seconds=5, malformed_fraction=0.08, duplicate_fraction=0.05)
+    producer.wait_delivered(300, timeout_s=120)
+
+    connection = {"conn_type": "aws", "login": s3["AWS_ACCESS_KEY_ID"], "password": s3["AWS_SECRET_ACCESS_KEY"],
+                  "extra": {"region_name": s3["AWS_REGION"], "endpoint_url": s3["AWS_ENDPOINT_URL"]}}
+    run_airflow("db", "migrate", timeout=300)
+    env = {k: v for k, v in airflow_env(connect_port=SPARK_CONNECT_PORT).items() if not k.startswith("AWS_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env,
+           "STREAMLAKE_PIPELINES": str(pipelines), "AIRFLOW_CONN_LAKE_S3": json.dumps(connection)}
+
+    def dags_test(dag_id: str, conf: dict) -> str:
+        done = subprocess.run([airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)],
+                              env=env, capture_output=True, text=True, timeout=900)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:]
+        assert "credentials and endpoint from connection 'lake_s3'" in out, out[-4000:]
+        assert "on the Spark Connect server" not in out, "an S3 root's tasks run in processes of their own"
+        return out
+
+    # One run while the records are being produced (gold's watermark moves on), one after the last
+    # of them (late events are those behind it).
+    out0 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
+    assert "EVERY BRONZE ROW ONCE" in out0, out0[-4000:]
+    producer.wait_delivered(1200, timeout_s=180)
+    producer.stop()
+    out1 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
+    for proof in (f"EXACTLY ONCE: {len(producer.records)} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
+        assert proof in out1, (proof, out1[-4000:])
+    events = assert_tables_equal_what_was_produced(s3, root, definition_file, producer)
+    # the backfill DAG applies every pending late event: gold is then the aggregate of every event
+    out2 = dags_test(f"backfill_{name}", {"all_pending": True})
+    raw = oracle.load(definition_file)
+    for agg in load_definition(definition_file).aggregates:
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, list(events.values())), gold,
+                                       list(agg.keys))
+        assert not problems, f"gold/{agg.name} after the backfill DAG:\n" + "\n".join(problems[:20])
+    assert_no_secret(s3, out0, out1, out2, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])

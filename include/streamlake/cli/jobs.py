@@ -17,6 +17,7 @@ def cmd_job(args) -> int:
         print_json(load_job(args.name).to_dict())
     elif args.action == "define":
         from streamlake.operations.jobs import job_for_root, with_settings
+        from streamlake.storage.location import normalize, parse_pairs
 
         if args.definition:
             from streamlake.pipeline.definition import load_definition
@@ -24,7 +25,7 @@ def cmd_job(args) -> int:
             load_definition(args.definition)  # a wrong definition: the key and the problem, nothing recorded
         try:
             spec = load_job(args.name)
-            if args.root and Path(args.root).absolute() != Path(spec.root):
+            if args.root and normalize(args.root) != spec.root:
                 raise InvalidOptionError(f"job {args.name} is rooted at {spec.root}; a job keeps its root (define "
                                          "another job for another root)")
         except KeyError:
@@ -41,8 +42,15 @@ def cmd_job(args) -> int:
             "processing_time_s": args.processing_time, "gold_partitions": args.gold_partitions,
             "master": args.master, "spark_conn_id": args.spark_conn_id,
             "total_executor_cores": args.total_executor_cores, "executor_cores": args.executor_cores,
+            "storage_options": {**spec.storage_options, **parse_pairs(args.storage_option)} or None,
+            "storage_conn_id": args.storage_conn_id,
         }
-        print_json(save_job(with_settings(spec, **changes)).to_dict())
+        spec = with_settings(spec, **changes)
+        if spec.storage_options or args.storage_option:
+            from streamlake.storage.location import require_safe_commits, storage_options
+
+            require_safe_commits(storage_options(spec.root, args.storage_option))
+        print_json(save_job(spec).to_dict())
     elif args.action == "status":
         job = load_job(args.name)
         print_json({"job": job.name, "running": job.control.is_running(), **job.control.read_state()})
@@ -84,6 +92,12 @@ def add_parsers(sub) -> None:
     j.add_argument("--gold-partitions", type=int, help="define: parallelism of gold's aggregation")
     j.add_argument("--master", help="Spark master for `run` (default: the job's)")
     j.add_argument("--spark-conn-id", help="define: Airflow connection of the Spark master")
+    j.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="define, a root on an object store: a storage option recorded with the job (endpoint, "
+                        "region, conditional_put=etag; never a secret: those stay in the environment or the "
+                        "Airflow connection)")
+    j.add_argument("--storage-conn-id", help="define, a root on an object store: the Airflow connection (type aws) "
+                                             "with its credentials and endpoint for the DAGs (default aws_default)")
     j.add_argument("--total-executor-cores", type=int)
     j.add_argument("--executor-cores", type=int)
     j.add_argument("--restart-strategy", default="fixed-delay", choices=["fixed-delay", "failure-rate", "none"])

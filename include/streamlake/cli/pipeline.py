@@ -67,13 +67,16 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     from streamlake.operations.control import JobControl
-    from streamlake.operations.jobs import job_for_root, save_job, with_settings
+    from streamlake.operations.jobs import job_for_root, recorded_storage_options, save_job, with_settings
     from streamlake.pipeline.config import config_from_args, config_to_args, secret_environment
     from streamlake.pipeline.evolution import applied_definition, plan_change
     from streamlake.spark.session import spark_submit_command
     from streamlake.storage.location import is_secret, require_safe_commits
 
     cfg = config_from_args(args)
+    recorded = recorded_storage_options(cfg.root)  # the root's job's options; those given win
+    if recorded:
+        cfg = replace(cfg, storage_options={**recorded, **cfg.storage_options})
     require_safe_commits(cfg.storage())  # refused here, before anything is created or a JVM starts
     if cfg.definition is not None:
         changes = plan_change(applied_definition(cfg.root), cfg.definition)  # refused: nothing created

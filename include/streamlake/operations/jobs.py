@@ -79,6 +79,9 @@ class JobSpec:
     executor_cores: int | None = None
     # an object-store root's storage options as given, never secrets (those stay in the environment)
     storage_options: dict[str, str] = field(default_factory=dict)
+    # the Airflow connection (type aws) with the credentials and endpoint of an object-store
+    # root, for the DAGs' tasks (None: aws_default; the CLI reads the environment)
+    storage_conn_id: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -325,6 +328,17 @@ def save_job(spec: JobSpec) -> JobSpec:
     if owner is None:
         _write_json(identity_file(spec.root), {"name": spec.name})
     return spec
+
+
+def recorded_storage_options(root: str | Path) -> dict[str, str]:
+    """The storage options the job rooted at ``root`` recorded (none: no such job here)."""
+    owner = root_identity(root)
+    if owner is None:
+        return {}
+    try:
+        return dict(load_job(owner).storage_options)
+    except KeyError:
+        return {}
 
 
 def load_job(name: str) -> JobSpec:

@@ -99,13 +99,14 @@ def _reap(job: JobSpec) -> None:
     job.control.wait_stopped(60)
 
 
-def submit_with_airflow_hook(job: JobSpec, conn_id: str) -> Callable[[], None]:
-    """One continuous run of the job through the Spark provider's SparkSubmitHook."""
+def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | None = None) -> Callable[[], None]:
+    """One continuous run of the job through the Spark provider's SparkSubmitHook; ``env``
+    (e.g. an object store's credentials) goes to its environment, never its command line."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     def run() -> None:
         hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id, application_args=job_args(job, True),
-                               env_vars=spark_env(), name=f"streamlake:{job.name}")
+                               env_vars={**spark_env(), **(env or {})}, name=f"streamlake:{job.name}")
         started = time.time()
         try:
             hook.submit(application())

@@ -18,9 +18,14 @@ copies in place. The job then resumes from exactly the savepoint's state: the
 version it had consumed and continues after it (see :mod:`streamlake.delta.source`).
 
 Savepoints live in ``$STREAMLAKE_HOME/savepoints/<id>/`` (``manifest.json``,
-``checkpoints/<stage>/``). The tables' data files of a savepoint's version stay
-on disk while ``vacuum`` retention covers them; restoring after they were
-vacuumed fails with a clear error.
+``checkpoints/<stage>/``). A job whose root is on an object store keeps them
+beside its tables, in ``<root>/_savepoints/<id>/`` (or under the target URI
+given), with only the manifest in ``$STREAMLAKE_HOME/savepoints/<id>/`` as an
+index: a driver that has nothing else (a new machine) restores one from its
+URI, and the job is defined again from the manifest. The manifest is written
+last, so a savepoint folder without one is incomplete and never restored. The
+tables' data files of a savepoint's version stay while ``vacuum`` retention
+covers them; restoring after they were vacuumed fails with a clear error.
 """
 
 from __future__ import annotations
@@ -98,11 +103,19 @@ class SavepointManifest:
     code_version: str
     job_was_running: bool
     note: str = ""
+    # the savepoint's folder when it is not savepoints_dir()/<id> (a root on an object store)
+    location: str = ""
     format: int = FORMAT_VERSION
 
     @property
     def path(self) -> Path:
+        """The savepoint's folder on this machine (for a stored savepoint: its manifest only)."""
         return savepoints_dir() / self.id
+
+    @property
+    def uri(self) -> str:
+        """Where the savepoint's checkpoints and manifest are."""
+        return self.location or str(self.path)
 
     def offsets(self):
         return offsets_from_json(self.kafka_offsets)
@@ -163,34 +176,47 @@ def managed_transactions(job: JobSpec, name: str, table) -> dict[str, int]:
     return txns
 
 
-def require_local_root(job: JobSpec, what: str) -> None:
-    """Raise SavepointError for a job whose root is on an object store: savepoints (and the
-    restore and rescale built on them) are not built for such roots yet, and nothing is done."""
+def savepoint_location(job: JobSpec, savepoint_id: str, target: str | None = None) -> str:
+    """The folder of a new savepoint: under ``target`` when given; ``<root>/_savepoints`` for a
+    root on an object store; else "" (``savepoints_dir()/<id>`` on this machine)."""
+    from streamlake.storage.location import is_object_store, join, normalize
+
+    if target:
+        return join(normalize(target), savepoint_id)
+    return join(job.root, "_savepoints", savepoint_id) if is_object_store(job.root) else ""
+
+
+def require_local_root(job: JobSpec, what: str, instead: str = "") -> None:
+    """Raise SavepointError for a job whose root is on an object store, where ``what`` is not
+    built yet, before anything is done; ``instead`` says what the user can do."""
     from streamlake.storage.location import is_object_store
 
     if is_object_store(job.root):
         raise SavepointError(f"job {job.name}: its root {job.root} is on an object store, where {what} is not "
-                             "supported yet; nothing was done (each table's commits carry the positions it "
-                             "consumed, so a restarted run resumes exactly where the tables end)")
+                             f"supported yet; nothing was done" + (f" ({instead})" if instead else ""))
 
 
-def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180.0, note: str = "") -> SavepointManifest:
+def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180.0, note: str = "",
+                     target: str | None = None) -> SavepointManifest:
     """Take a savepoint of ``job`` at micro-batch boundaries; stop the job after it if ``stop``.
 
     A running job is paused for the copy and then resumed (or stopped); an idle
-    job is kept from starting meanwhile. Raises TimeoutError if the job does not
-    reach a boundary in time, SavepointError for a root on an object store.
+    job is kept from starting meanwhile. The savepoint goes to :func:`savepoint_location`
+    (``target``: a folder URI of its own). Raises TimeoutError if the job does not reach
+    a boundary in time.
     """
+    from streamlake.storage.objects import upload_dir, write_text
+
     from streamlake.delta.table import evolve_table
     from streamlake.pipeline.bronze import BRONZE
     from streamlake.pipeline.gold import WATERMARK_APP_ID
     from streamlake.pipeline.schemas import table_spec
 
-    require_local_root(job, "a savepoint")
     definition = job.definition
     control = job.control
     sp_id = f"sp-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    target = savepoints_dir() / sp_id
+    location = savepoint_location(job, sp_id, target)
+    folder = savepoints_dir() / sp_id
     with control.quiesced(timeout_s, stop_after=stop) as paused:
         states = []
         for name, path in job.tables().items():
@@ -213,14 +239,30 @@ def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180
             watermarks={t.name: t.transactions[WATERMARK_APP_ID] for t in states
                         if WATERMARK_APP_ID in t.transactions},
             checkpoints=sorted(p.name for p in (tmp / "checkpoints").iterdir() if p.is_dir()),
-            code_version=code_version(), job_was_running=paused is not None, note=note,
+            code_version=code_version(), job_was_running=paused is not None, note=note, location=location,
         )
-        (tmp / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
-        os.replace(tmp, target)
+        text = json.dumps(manifest.to_dict(), indent=2)
+        if location:  # checkpoints first, the manifest last: from then on the savepoint is complete
+            upload_dir(tmp / "checkpoints", f"{location}/checkpoints")
+            write_text(f"{location}/manifest.json", text)
+            shutil.rmtree(tmp / "checkpoints")
+        (tmp / "manifest.json").write_text(text)
+        os.replace(tmp, folder)
     return manifest
 
 
 def load_savepoint(savepoint_id: str) -> SavepointManifest:
+    """The savepoint of that id on this machine, or at that folder URI (``s3://.../sp-...``:
+    a savepoint this machine has no trace of). Raises SavepointError when there is none."""
+    from streamlake.storage.location import normalize
+    from streamlake.storage.objects import read_text
+
+    if "://" in savepoint_id:
+        try:
+            return SavepointManifest.from_dict(json.loads(read_text(f"{normalize(savepoint_id)}/manifest.json")))
+        except FileNotFoundError:
+            raise SavepointError(f"no savepoint at {savepoint_id} (no manifest.json there: none was taken, "
+                                 "or it was not completed)") from None
     path = savepoints_dir() / savepoint_id / "manifest.json"
     if not path.exists():
         raise SavepointError(f"no savepoint {savepoint_id!r} (see `streamlake savepoint list`)")
@@ -251,35 +293,45 @@ def jobs_restored_from(savepoint_id: str, running_only: bool = True) -> list[str
 
 
 def dispose_savepoint(savepoint_id: str) -> None:
-    """Delete a savepoint. Refused (SavepointError) while a running job was restored from it."""
-    if not (savepoints_dir() / savepoint_id / "manifest.json").exists():
-        raise SavepointError(f"no savepoint {savepoint_id!r} (see `streamlake savepoint list`)")
-    running = jobs_restored_from(savepoint_id)
+    """Delete a savepoint (and its folder on the store). Refused (SavepointError) while a
+    running job was restored from it."""
+    from streamlake.storage.objects import delete_dir, delete_file
+
+    manifest = load_savepoint(savepoint_id)
+    running = jobs_restored_from(manifest.id)
     if running:
         raise SavepointError(
             f"savepoint {savepoint_id} cannot be disposed: running job(s) {', '.join(running)} were restored "
             f"from it. Stop the job first (`streamlake job stop NAME`)."
         )
-    shutil.rmtree(savepoints_dir() / savepoint_id)
+    if manifest.location:
+        delete_file(f"{manifest.location}/manifest.json")  # first: an incomplete savepoint is never restored
+        delete_dir(manifest.location)
+    shutil.rmtree(savepoints_dir() / manifest.id, ignore_errors=True)
 
 
 def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
     """Put the savepoint's job back to the savepoint: every table, its ``txn`` state and
     every stage's checkpoint.
 
+    ``savepoint_id`` is an id this machine knows, or a savepoint's folder URI; a job this
+    machine does not know is defined again from the manifest (a new driver machine).
     Stops the job if it runs. Each table is restored to its savepoint version as
     a new commit whose ``txn`` actions reset offsets, positions and watermark to
     the savepoint's (Delta's restore alone keeps the newest ``txn`` versions); the
     job's checkpoints are replaced by the savepoint's copies. The job is not
     restarted here (the caller decides how: DAG, CLI). Returns what was done.
-    Raises SavepointError if a table's files are gone (vacuumed). Interrupted
-    half-way (the process killed), running it again completes it.
+    Raises SavepointError if a table's files are gone (vacuumed), or, on an object store,
+    when the job has tables the savepoint has no state of (an aggregate added since).
+    Interrupted half-way (the process killed), running it again completes it.
     """
     from deltalake.transaction import CommitProperties, Transaction
 
+    from streamlake.storage.objects import download_dir
+
     manifest = load_savepoint(savepoint_id)
-    job = load_job(manifest.job)
-    require_local_root(job, "a restore")
+    job = _job_of(manifest)
+    _refuse_unsaved_tables_on_a_store(job, manifest)
     control = job.control
     was_running = control.is_running()
     if was_running:
@@ -291,7 +343,7 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
             table = open_table(state.path)
             properties = CommitProperties(
                 app_transactions=[Transaction(app, v) for app, v in sorted(state.transactions.items())],
-                custom_metadata={"streamlake": {"operation": "restore", "savepoint": savepoint_id,
+                custom_metadata={"streamlake": {"operation": "restore", "savepoint": manifest.id,
                                                 "toVersion": state.version}})
             if table.version() == state.version:
                 table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
@@ -302,20 +354,54 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
                     raise SavepointError(f"cannot restore {state.path} to version {state.version}: {exc}") from exc
             restored.append({"table": state.name, "path": state.path, "restored_to": state.version,
                              "new_version": open_table(state.path).version()})
-        archived = _archive_tables_without_state(job, manifest, savepoint_id)
+        archived = _archive_tables_without_state(job, manifest, manifest.id)
         # Swap in the savepoint's checkpoints with directory renames while holding the job lock.
         checkpoints = Path(job.checkpoints_dir)
         staged = checkpoints.with_name(checkpoints.name + f".restoring-{uuid.uuid4().hex[:6]}")
-        _copy_tree(manifest.path / "checkpoints", staged)
+        if manifest.location:
+            download_dir(f"{manifest.location}/checkpoints", staged)
+        else:
+            _copy_tree(manifest.path / "checkpoints", staged)
         old = checkpoints.with_name(checkpoints.name + f".replaced-{uuid.uuid4().hex[:6]}")
         if checkpoints.exists():
             checkpoints.rename(old)
         staged.rename(checkpoints)
         shutil.rmtree(old, ignore_errors=True)
-        control.write_state(restored_from=savepoint_id, restored_at=time.time())
-    return {"savepoint": savepoint_id, "job": job.name, "job_was_running": was_running, "tables": restored,
-            "offsets": manifest.kafka_offsets, "versions": manifest.versions(), "watermarks": manifest.watermarks,
-            "archived": archived}
+        control.write_state(restored_from=manifest.id, restored_at=time.time())
+    if manifest.location and not (manifest.path / "manifest.json").exists():  # this machine's index of it
+        manifest.path.mkdir(parents=True, exist_ok=True)
+        (manifest.path / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
+    return {"savepoint": manifest.id, "location": manifest.uri, "job": job.name, "job_was_running": was_running,
+            "tables": restored, "offsets": manifest.kafka_offsets, "versions": manifest.versions(),
+            "watermarks": manifest.watermarks, "archived": archived}
+
+
+def _job_of(manifest: SavepointManifest) -> JobSpec:
+    """The savepoint's job; defined again from the manifest where this machine has no spec
+    of it (a new driver machine restoring from the savepoint's URI)."""
+    from streamlake.operations.jobs import jobs_dir, save_job
+
+    if (jobs_dir() / f"{manifest.job}.json").exists():
+        return load_job(manifest.job)
+    spec = JobSpec.from_dict({k: v for k, v in manifest.job_config.items() if k != "applied_definition"})
+    log.info("job %s is not defined here: defined again from savepoint %s (root %s)", spec.name, manifest.id,
+             spec.root)
+    return save_job(spec)
+
+
+def _refuse_unsaved_tables_on_a_store(job: JobSpec, manifest: SavepointManifest) -> None:
+    """On an object store a table cannot be moved aside (no rename): refuse, before anything
+    is changed, a restore that would have to (see :func:`_archive_tables_without_state`)."""
+    from streamlake.delta.table import table_exists
+    from streamlake.storage.location import is_object_store
+
+    if not is_object_store(job.root):
+        return
+    saved = {t.name for t in manifest.tables}
+    unsaved = [name for name, path in job.tables().items() if name not in saved and table_exists(path)]
+    if unsaved:
+        raise SavepointError(f"savepoint {manifest.id} has no state of {', '.join(unsaved)} (added after it); on "
+                             f"an object store those tables cannot be moved aside: nothing was restored")
 
 
 def _archive_tables_without_state(job: JobSpec, manifest: SavepointManifest, savepoint_id: str) -> list[str]:
@@ -325,7 +411,7 @@ def _archive_tables_without_state(job: JobSpec, manifest: SavepointManifest, sav
     moved = []
     stamp = f"{savepoint_id}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}"
     for name, path in job.tables().items():
-        if name in saved or not Path(path).exists():
+        if name in saved or "://" in path or not Path(path).exists():  # a store's: refused before
             continue
         target = Path(job.root) / "_archive" / stamp / name
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,11 @@ edited spec takes effect at the next run. ``job_name`` and ``spark_conn_id``
 are templated: DAG params choose the job and the master (``spark_default`` is
 ``local[*]``, ``spark_cluster`` the standalone cluster). A task fails when its
 application fails (its exit status).
+
+A job rooted on an object store (``s3://...``) always runs as a spark-submit of
+its own, with the credentials and endpoint of its storage connection (an
+Airflow connection of type ``aws``; :mod:`streamlake.orchestration.hooks`) in
+that process's environment, never on its command line.
 """
 
 from __future__ import annotations
@@ -49,19 +54,30 @@ class _JobSubmitOperator(SparkSubmitOperator):
     def execute(self, context) -> None:
         from streamlake.operations.jobs import load_job
         from streamlake.operations.runner import spark_conf, spark_env
+        from streamlake.orchestration.hooks import job_store_environment
         from streamlake.spark.session import job_path
 
         job = load_job(self.job_name)
         self.application = job_path(self.job_application)
         self.application_args = self.job_arguments(job)
         self.conf = spark_conf(job, self.job_application, short_run=self.short_run)
-        self.env_vars = spark_env()
+        self.env_vars = {**spark_env(), **job_store_environment(job, self.log)}
         self.name = f"streamlake-{self.job_application.removesuffix('.py')}:{job.name}"
         self._conn_id = self.spark_conn_id
         self._hook = None
         self.log.info("%s of job %s (%s under %s) via connection %s, resources %s", self.job_application, job.name,
                       " -> ".join(job.run_stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
         super().execute(context)
+
+
+def own_process_for_store(job) -> str | None:
+    """Why a job on an object store never runs on the shared Spark Connect server: its
+    credentials travel in its own process's environment (the server's is not the job's)."""
+    from streamlake.storage.location import is_object_store
+
+    if is_object_store(job.root):
+        return f"its tables are on {job.root}: a process of its own, with the store's credentials in its environment"
+    return None
 
 
 class _ConnectFirstOperator(_JobSubmitOperator):
@@ -110,7 +126,7 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         from streamlake.spark.session import connect_client_command
 
         job = load_job(self.job_name)
-        reason = self.needs_own_jvm(job)
+        reason = own_process_for_store(job) or self.needs_own_jvm(job)
         if reason:
             self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
             return super().execute(context)

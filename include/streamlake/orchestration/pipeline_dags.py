@@ -31,6 +31,20 @@ def backfill_dag_id(pipeline: str) -> str:
     return f"backfill_{pipeline}"
 
 
+def _store_doc(job) -> str:
+    """A paragraph for a job whose tables are on an object store: where its tasks get the
+    store's credentials (:mod:`streamlake.orchestration.hooks`)."""
+    from streamlake.orchestration.hooks import DEFAULT_STORAGE_CONN_ID
+    from streamlake.storage.location import is_object_store
+
+    if not is_object_store(job.root):
+        return ""
+    return (f"\n**On an object store.** Every task that reads or writes the tables is a spark-submit of its own "
+            f"with the store's credentials and endpoint in its environment, from the Airflow connection "
+            f"`{job.storage_conn_id or DEFAULT_STORAGE_CONN_ID}` (type `aws`), never on the shared Spark Connect "
+            "server.\n")
+
+
 def _tables_doc(definition) -> str:
     lines = ["| table | what it holds |", "|---|---|",
              f"| `bronze` | records of {', '.join(f'`{t}`' for t in definition.topics) or definition.topic_pattern}, "
@@ -63,7 +77,7 @@ def ingest_dag(job, definition):
 Defined in `{definition.source}` (`streamlake pipeline validate` prints it); tables under `{job.root}`:
 
 {_tables_doc(definition)}
-
+{_store_doc(job)}
 Two modes, chosen by the `mode` param:
 
 * **scheduled** (what the schedule runs, every {INGEST_EVERY_MINUTES} minutes): every stage with the
@@ -187,7 +201,7 @@ own in `late_events/<aggregate>` with `applied = false`. This DAG applies them:
    silver for the range and every bronze row is accounted for once (recorded in `consistency_checks`),
    and validates data quality. Safe while the pipeline runs; a second run changes nothing.
 3. **report**: the restated windows and the checks.
-
+{_store_doc(job)}
 Shell: `streamlake backfill --job {job.name} [--aggregate NAME] [--from T1 --to T2] [--dry-run]`.
 *StreamLake -> Late events* shows pending late events per hour with a link to this form.
 """

@@ -31,8 +31,11 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> d
     from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
     from streamlake.operations.supervisor import RestartStrategy
 
+    from streamlake.orchestration.hooks import job_store_environment
+
     job = load_job(job_name)
-    result = run_supervised(job, RestartStrategy(**strategy), submit_with_airflow_hook(job, spark_conn_id))
+    result = run_supervised(job, RestartStrategy(**strategy),
+                            submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log)))
     for i, cause in enumerate(result.causes, 1):
         log.info("restart %d cause: %s", i, cause)
     return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
@@ -42,9 +45,11 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
     """Savepoint at a micro-batch boundary; the job resumes (or stops if ``stop``)."""
     from streamlake.operations.jobs import load_job
     from streamlake.operations.records import record_operation
-    from streamlake.operations.savepoints import create_savepoint
+    from streamlake.operations.savepoints import create_savepoint, require_local_root
 
-    manifest = create_savepoint(load_job(job_name), stop=stop, note=note)
+    job = load_job(job_name)
+    require_local_root(job, f"a {note or 'savepoint'} from Airflow", "`streamlake savepoint create` takes one")
+    manifest = create_savepoint(job, stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
                                              "versions": manifest.versions(), "watermarks": manifest.watermarks,
                                              "offsets": manifest.kafka_offsets, **run_context()})
@@ -60,7 +65,14 @@ def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
     ``savepoint_id``, or the newest savepoint of ``job_name``. Raises SavepointError when
     there is none."""
     from streamlake.operations.records import record_operation
-    from streamlake.operations.savepoints import SavepointError, list_savepoints, load_savepoint, restore_savepoint
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.savepoints import (
+        SavepointError,
+        list_savepoints,
+        load_savepoint,
+        require_local_root,
+        restore_savepoint,
+    )
 
     if not savepoint_id:
         newest = list_savepoints(job_name)
@@ -69,7 +81,9 @@ def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
                                  "(or `streamlake savepoint create --job NAME`)")
         savepoint_id = newest[0].id
         log.info("restoring the newest savepoint of %s: %s", job_name, savepoint_id)
-    mode = job_mode(load_savepoint(savepoint_id).job)
+    job = load_savepoint(savepoint_id).job
+    require_local_root(load_job(job), "a restore from Airflow", "`streamlake savepoint restore` does one")
+    mode = job_mode(job)
     result = restore_savepoint(savepoint_id)
     record_operation("restore", result["job"], {**result, **run_context()})
     return {**result, "mode": mode}

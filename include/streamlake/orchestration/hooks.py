@@ -1,0 +1,89 @@
+"""Hooks: what the platform's tasks take from Airflow connections.
+
+:class:`ObjectStoreHook` gives a job whose root is on S3 (or an S3-compatible
+store such as MinIO) its credentials and endpoint from an Airflow connection of
+type ``aws``, the way Airflow users keep secrets: the connection's fields as
+the Amazon provider reads them (login = access key id, password = secret
+access key; extra ``region_name``, ``endpoint_url`` or
+``service_config.s3.endpoint_url``, ``aws_session_token``) plus any extra key
+already in delta-rs's environment form (``AWS_...``, e.g.
+``AWS_S3_LOCKING_PROVIDER``). They reach the job's process as environment
+variables (:meth:`ObjectStoreHook.environment`), never its command line.
+Airflow masks the connection's password and secret extras in every task log.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.providers.common.compat.sdk import BaseHook
+
+# What the DAGs use unless a job names another (``job define --storage-conn-id``).
+DEFAULT_STORAGE_CONN_ID = "aws_default"
+
+
+class ObjectStoreHook(BaseHook):
+    """Credentials and endpoint of an object store from an Airflow ``aws`` connection."""
+
+    conn_name_attr = "aws_conn_id"
+    default_conn_name = DEFAULT_STORAGE_CONN_ID
+    conn_type = "aws"
+    hook_name = "StreamLake object store (S3)"
+
+    def __init__(self, aws_conn_id: str = DEFAULT_STORAGE_CONN_ID) -> None:
+        super().__init__()
+        self.aws_conn_id = aws_conn_id
+
+    def environment(self) -> dict[str, str]:
+        """The connection as ``AWS_*`` environment variables for a job's process (delta-rs,
+        pyarrow and Spark's executors read them there). Raises Airflow's
+        AirflowNotFoundException when the connection is not defined."""
+        conn = self.get_connection(self.aws_conn_id)
+        return connection_environment(conn.login, conn.password, conn.extra_dejson)
+
+
+def connection_environment(login: str | None, password: str | None, extra: dict[str, Any]) -> dict[str, str]:
+    """``AWS_*`` variables of an ``aws`` connection's fields (see the module docstring).
+    An ``http://`` endpoint also sets ``AWS_ALLOW_HTTP=true`` (delta-rs refuses plain
+    HTTP otherwise)."""
+    if isinstance(extra, str):
+        extra = json.loads(extra or "{}")
+    env: dict[str, str] = {}
+    if login:
+        env["AWS_ACCESS_KEY_ID"] = login
+    if password:
+        env["AWS_SECRET_ACCESS_KEY"] = password
+    if extra.get("aws_session_token"):
+        env["AWS_SESSION_TOKEN"] = str(extra["aws_session_token"])
+    if extra.get("region_name"):
+        env["AWS_REGION"] = str(extra["region_name"])
+    endpoint = extra.get("endpoint_url") or ((extra.get("service_config") or {}).get("s3") or {}).get("endpoint_url")
+    if endpoint:
+        env["AWS_ENDPOINT_URL"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            env["AWS_ALLOW_HTTP"] = "true"
+    env.update({k: str(v) for k, v in extra.items() if k.startswith("AWS_")})
+    return env
+
+
+def job_store_environment(job, log) -> dict[str, str]:
+    """The environment a task adds for ``job``'s process: empty for a local root; for an
+    object-store root, the job's storage connection (``job.storage_conn_id``, default
+    ``aws_default``) as ``AWS_*`` variables, or nothing when that connection is not
+    defined (the job then has the Airflow worker's own ``AWS_*`` environment; the log says
+    so)."""
+    from streamlake.storage.location import is_object_store
+
+    if not is_object_store(job.root):
+        return {}
+    conn_id = job.storage_conn_id or DEFAULT_STORAGE_CONN_ID
+    try:
+        env = ObjectStoreHook(conn_id).environment()
+    except Exception as exc:  # noqa: BLE001 (AirflowNotFoundException: no such connection)
+        log.info("job %s is rooted at %s; no connection %r (%s): the worker's own AWS_* environment", job.name,
+                 job.root, conn_id, exc)
+        return {}
+    log.info("job %s is rooted at %s: credentials and endpoint from connection %r (%s)", job.name, job.root,
+             conn_id, ", ".join(sorted(env)))
+    return env
