@@ -84,20 +84,17 @@ def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
 
 
 @pytest.mark.fast
-def test_the_savepoint_restore_and_rescale_dags_refuse_a_root_on_s3_and_write_nothing(tmp_path, monkeypatch):
-    """From Airflow, savepoints, restores and rescales of an object-store root are refused (the
-    CLI takes and restores them; the DAG tasks, which run in Airflow's worker, have not been run
-    against a store): a clear error before anything is paused, copied or recorded."""
+def test_the_rescale_dag_refuses_a_root_on_s3_before_anything_is_paused(tmp_path, monkeypatch):
+    """A rescale (stop-with-savepoint, new resources, restore) of an object-store root has not
+    been run yet: its DAG refuses such a job with a clear error before the savepoint."""
     from streamlake.operations.jobs import JobSpec, save_job
     from streamlake.operations.savepoints import SavepointError
-    from streamlake.orchestration.tasks import take_savepoint
+    from streamlake.orchestration.tasks import refuse_rescale_on_a_store
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
     save_job(JobSpec(name="on-s3", root="s3://lake/on-s3", topics=["t"]))
-    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a rescale from Airflow"):
-        take_savepoint("on-s3", stop=True, note="rescale")
-    with pytest.raises(SavepointError, match="where a savepoint from Airflow is not supported"):
-        take_savepoint("on-s3", stop=False)
+    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a rescale is not"):
+        refuse_rescale_on_a_store("on-s3")
     assert not list((tmp_path / "home").rglob("sp-*"))
 
 
@@ -618,7 +615,8 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
 def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airflow_connection(
         s3, live_producer, topic_name, tmp_path, monkeypatch):
     """`airflow dags test ingest_<job>` of a job rooted on the S3 server, once while its records are
-    produced one at a time and once after, then `backfill_<job>`, with no AWS_* variable
+    produced one at a time and once after, then `backfill_<job>`, `savepoint`, another run and
+    `restore`, with no AWS_* variable
     in Airflow's environment: the credentials and the endpoint come from an Airflow connection
     of type aws (the job's storage connection). The run and its proof (verify) are processes
     of their own with them in their environment; the tables equal what the test produced and
@@ -632,6 +630,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
     from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.definition import load_definition
     from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
 
@@ -688,4 +687,20 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
         problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, list(events.values())), gold,
                                        list(agg.keys))
         assert not problems, f"gold/{agg.name} after the backfill DAG:\n" + "\n".join(problems[:20])
-    assert_no_secret(s3, out0, out1, out2, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+    # The savepoint DAG (its task opens the tables in Airflow's worker, with the connection's
+    # credentials), more records and a run, then the restore DAG: the tables are back at the
+    # savepoint (its verify proves bronze equals the savepoint's offsets).
+    out3 = dags_test("savepoint", {"job": name})
+    savepoint = list_savepoints(name)[0]
+    assert savepoint.location == f"{root}/_savepoints/{savepoint.id}", savepoint.location
+    more = live_producer(topic_name, partitions=3, count=90, seed=32, definition=load_definition(definition_file))
+    more.wait_delivered(90, timeout_s=60)
+    more.stop()
+    out4 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
+    assert f"EXACTLY ONCE: {len(producer.records) + 90} rows" in out4, out4[-4000:]
+    out5 = dags_test("restore", {"job": name, "savepoint_id": savepoint.id})
+    assert f"EXACTLY ONCE: {len(producer.records)} rows" in out5, out5[-4000:]
+    assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)
+    assert sorted(table_rows(s3, f"{root}/silver", (load_definition(definition_file).event_id,)).column(0)
+                  .to_pylist()) == sorted(events), "silver is back at the savepoint"
+    assert_no_secret(s3, out0, out1, out2, out3, out4, out5, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])

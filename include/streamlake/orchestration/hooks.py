@@ -15,7 +15,9 @@ Airflow masks the connection's password and secret extras in every task log.
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from airflow.providers.common.compat.sdk import BaseHook
 
@@ -87,3 +89,22 @@ def job_store_environment(job, log) -> dict[str, str]:
     log.info("job %s is rooted at %s: credentials and endpoint from connection %r (%s)", job.name, job.root,
              conn_id, ", ".join(sorted(env)))
     return env
+
+
+@contextmanager
+def store_credentials(job, log) -> Iterator[dict[str, str]]:
+    """For the block, ``job``'s store credentials (:func:`job_store_environment`) in this
+    process's environment, where delta-rs and pyarrow read them: for the tasks that open
+    the tables in Airflow's worker itself (savepoint, restore). The environment is put
+    back after the block."""
+    env = job_store_environment(job, log)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

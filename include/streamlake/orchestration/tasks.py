@@ -45,11 +45,12 @@ def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
     """Savepoint at a micro-batch boundary; the job resumes (or stops if ``stop``)."""
     from streamlake.operations.jobs import load_job
     from streamlake.operations.records import record_operation
-    from streamlake.operations.savepoints import create_savepoint, require_local_root
+    from streamlake.operations.savepoints import create_savepoint
+    from streamlake.orchestration.hooks import store_credentials
 
     job = load_job(job_name)
-    require_local_root(job, f"a {note or 'savepoint'} from Airflow", "`streamlake savepoint create` takes one")
-    manifest = create_savepoint(job, stop=stop, note=note)
+    with store_credentials(job, log):
+        manifest = create_savepoint(job, stop=stop, note=note)
     record_operation("savepoint", job_name, {"savepoint": manifest.id, "stopped": stop,
                                              "versions": manifest.versions(), "watermarks": manifest.watermarks,
                                              "offsets": manifest.kafka_offsets, **run_context()})
@@ -66,13 +67,8 @@ def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
     there is none."""
     from streamlake.operations.records import record_operation
     from streamlake.operations.jobs import load_job
-    from streamlake.operations.savepoints import (
-        SavepointError,
-        list_savepoints,
-        load_savepoint,
-        require_local_root,
-        restore_savepoint,
-    )
+    from streamlake.operations.savepoints import SavepointError, list_savepoints, load_savepoint, restore_savepoint
+    from streamlake.orchestration.hooks import store_credentials
 
     if not savepoint_id:
         newest = list_savepoints(job_name)
@@ -82,9 +78,9 @@ def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
         savepoint_id = newest[0].id
         log.info("restoring the newest savepoint of %s: %s", job_name, savepoint_id)
     job = load_savepoint(savepoint_id).job
-    require_local_root(load_job(job), "a restore from Airflow", "`streamlake savepoint restore` does one")
     mode = job_mode(job)
-    result = restore_savepoint(savepoint_id)
+    with store_credentials(load_job(job), log):
+        result = restore_savepoint(savepoint_id)
     record_operation("restore", result["job"], {**result, **run_context()})
     return {**result, "mode": mode}
 
@@ -94,6 +90,15 @@ def job_mode(job_name: str) -> str | None:
     from streamlake.operations.jobs import load_job
 
     return load_job(job_name).control.read_state().get("mode")
+
+
+def refuse_rescale_on_a_store(job_name: str) -> None:
+    """Raise SavepointError, before anything is paused, for a job on an object store: a rescale
+    (stop-with-savepoint, new resources, restore) has not been run on one yet."""
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.savepoints import require_local_root
+
+    require_local_root(load_job(job_name), "a rescale", "savepoints and restores of it work")
 
 
 def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int | None, executor_cores: int | None,
