@@ -84,6 +84,31 @@ def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
 
 
 @pytest.mark.fast
+def test_dispose_deletes_a_stored_savepoint_manifest_first_and_an_old_format_one_too(tmp_path, monkeypatch):
+    from streamlake.config import savepoints_dir
+    from streamlake.operations.savepoints import SavepointError, dispose_savepoint, load_savepoint
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    old = savepoints_dir() / "sp-old"
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text(json.dumps({"id": "sp-old", "format": 1, "code_version": "0.0.1"}))
+    with pytest.raises(SavepointError, match="older format"):
+        load_savepoint("sp-old")
+    dispose_savepoint("sp-old")
+    assert not old.exists()
+    stored = tmp_path / "store" / "sp-new"  # a savepoint kept elsewhere (a target folder)
+    (stored / "checkpoints" / "bronze").mkdir(parents=True)
+    (stored / "checkpoints" / "bronze" / "metadata").write_text("{}")
+    (stored / "manifest.json").write_text("{}")
+    (savepoints_dir() / "sp-new").mkdir()
+    (savepoints_dir() / "sp-new" / "manifest.json").write_text(json.dumps({"id": "sp-new", "location": str(stored)}))
+    dispose_savepoint("sp-new")
+    assert not stored.exists() and not (savepoints_dir() / "sp-new").exists()
+    with pytest.raises(SavepointError, match="no savepoint 'sp-new'"):
+        dispose_savepoint("sp-new")
+
+
+@pytest.mark.fast
 def test_the_rescale_dag_refuses_a_root_on_s3_before_anything_is_paused(tmp_path, monkeypatch):
     """A rescale (stop-with-savepoint, new resources, restore) of an object-store root has not
     been run yet: its DAG refuses such a job with a clear error before the savepoint."""

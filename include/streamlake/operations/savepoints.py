@@ -297,17 +297,24 @@ def dispose_savepoint(savepoint_id: str) -> None:
     running job was restored from it."""
     from streamlake.storage.objects import delete_dir, delete_file
 
-    manifest = load_savepoint(savepoint_id)
-    running = jobs_restored_from(manifest.id)
+    if "://" in savepoint_id:
+        manifest = load_savepoint(savepoint_id)
+        savepoint_id, location = manifest.id, manifest.location
+    else:  # read as it is: a savepoint of an older format is disposed of too
+        path = savepoints_dir() / savepoint_id / "manifest.json"
+        if not path.exists():
+            raise SavepointError(f"no savepoint {savepoint_id!r} (see `streamlake savepoint list`)")
+        location = json.loads(path.read_text()).get("location") or ""
+    running = jobs_restored_from(savepoint_id)
     if running:
         raise SavepointError(
             f"savepoint {savepoint_id} cannot be disposed: running job(s) {', '.join(running)} were restored "
             f"from it. Stop the job first (`streamlake job stop NAME`)."
         )
-    if manifest.location:
-        delete_file(f"{manifest.location}/manifest.json")  # first: an incomplete savepoint is never restored
-        delete_dir(manifest.location)
-    shutil.rmtree(savepoints_dir() / manifest.id, ignore_errors=True)
+    if location:
+        delete_file(f"{location}/manifest.json")  # first: an incomplete savepoint is never restored
+        delete_dir(location)
+    shutil.rmtree(savepoints_dir() / savepoint_id, ignore_errors=True)
 
 
 def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
