@@ -398,23 +398,90 @@ def assert_tables_equal_what_was_produced(s3: dict, root: str, definition_file: 
     return events
 
 
+def executors_of(work_dir: Path) -> list:
+    """The executor JVMs a standalone worker launched: their working directory is under the
+    worker's work directory (``<work dir>/<app id>/<executor id>``)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        if "CoarseGrainedExecutorBackend" in " ".join(proc.info["cmdline"] or ()) and \
+                str(proc.info["cwd"] or "").startswith(str(work_dir)):
+            found.append(proc)
+    return found
+
+
+def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s: float = 180) -> str:
+    """SIGKILL an executor of the worker at ``work_dir`` (and its Python workers) at a moment the
+    driver's REST API shows it running a task, mid-batch. Returns its executor id."""
+    import urllib.request
+
+    import psutil
+
+    api = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and job.poll() is None:
+        try:
+            with urllib.request.urlopen(api, timeout=2) as resp:
+                app = json.load(resp)[0]["id"]
+            with urllib.request.urlopen(f"{api}/{app}/executors", timeout=2) as resp:
+                busy = {e["id"] for e in json.load(resp) if e.get("activeTasks", 0) > 0}
+        except (OSError, ValueError, IndexError, KeyError):  # the driver's UI not up yet
+            time.sleep(0.2)
+            continue
+        for executor in executors_of(work_dir):
+            try:
+                cmd = executor.cmdline()
+                if cmd[cmd.index("--executor-id") + 1] in busy:
+                    for proc in [executor, *executor.children(recursive=True)]:
+                        proc.send_signal(signal.SIGKILL)
+                    return cmd[cmd.index("--executor-id") + 1]
+            except (psutil.NoSuchProcess, ValueError):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no executor of {work_dir} ran a task while the job ran")
+
+
+@pytest.fixture
+def cluster(s3):
+    """A Spark standalone cluster of two workers (one core each), each with a work directory of
+    its own and the store's credentials and endpoint in its environment (which its executors
+    inherit), as on worker machines; they share no path with the lake, which is on S3."""
+    from conftest import _free_port
+    from streamlake import config
+    from streamlake.platform import spark_cluster
+
+    port, ui = _free_port(), _free_port()
+    spark_cluster.start(workers=2, cores_per_worker=1, memory="1g", port=port, ui_port=ui,
+                        worker_env={k: v for k, v in s3.items() if k.startswith("AWS_")})
+    try:
+        yield {"master": spark_cluster.master_url(port),
+               "work_dirs": [config.home() / "spark" / f"spark-worker-{i}" for i in (1, 2)]}
+    finally:
+        spark_cluster.stop()
+
+
 @pytest.mark.slow
-def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver_disk(s3, live_producer, topic_name,
-                                                                                      tmp_path):
-    """`pipeline run --root s3://...`: bronze, silver, quarantine, gold and late events of the
-    orders example (a tumbling and a session aggregate) on the S3 server, records produced one
-    at a time while it runs (out of order, late, duplicated, malformed). The continuous run is
+def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_executor_a_sigkilled_driver_and_a_lost_driver_disk(
+        s3, cluster, live_producer, topic_name, tmp_path):
+    """`pipeline run --root s3://... --master spark://...`: bronze, silver, quarantine, gold and
+    late events of the orders example (a tumbling and a session aggregate) on the S3 server,
+    computed by a Spark standalone cluster of two workers that share no directory with the lake
+    (their executors write the data files to S3 with the credentials of their own environment);
+    records produced one at a time while it runs (out of order, late, duplicated, malformed).
+    An executor of the first worker is SIGKILLed while it runs a task (the driver's REST API
+    says when; Spark retries the task and the master starts a new executor); later the driver is
     SIGKILLed after silver's files of a micro-batch were uploaded, before their commit; then
     the driver's disk is lost (checkpoints, control files). The restart, with nothing but the
     tables, lands every record exactly once in every table: the test compares each with what
     it produced and with gold it aggregates itself (tests/oracle.py). Then, with only the
     credentials in the environment (the root's job recorded the other options): `check`
-    proves it, `backfill` applies every late event (gold = the aggregate of every event), a
-    later check after more records is incremental, and `quality run` validates silver. A savepoint
-    taken after the backfill (kept on S3) is restored by a new driver with an empty home from its
-    URI alone; the run after it takes the later records again, each table holds every record
-    once, gold equals the test's aggregate, and `check` proves it. No credential in any output,
-    file, or the stored manifest."""
+    proves it, `backfill` applies every late event (gold = the aggregate of every event), and
+    `quality run` validates silver. A savepoint taken after the backfill (kept on S3) is
+    restored by a new driver with an empty home from its URI alone, after more records were
+    produced; the run after it takes them from the savepoint's offsets, each table holds every
+    record once, gold equals the test's aggregate, and `check` proves it. No credential in any
+    output, file, or the stored manifest."""
     import oracle
     from helpers import example
     from streamlake.kafka.client import client_config
@@ -428,9 +495,17 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     ensure_topic(client_config(), topic_name, 3)
     root = f"s3://lake/{topic_name}/orders"
     state = Path(state_dir(root))
-    common = ["pipeline", "run", "--definition", str(definition_file), "--root", root, "--master", "local[2]",
+    master = cluster["master"]
+    common = ["pipeline", "run", "--definition", str(definition_file), "--root", root, "--master", master,
               "--kafka-option", "fetch.wait.max.ms=100", *storage_flags(s3)]
-    job = cli(*common, "--processing-time", "1", env={"STREAMLAKE_CRASH_AT": "after_files_silver:2"}, wait=False)
+    from conftest import _free_port
+
+    ui_port = _free_port()  # the driver's UI, whose REST API says when an executor runs a task
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(f"spark.ui.port {ui_port}\n")
+    job = cli(*common, "--processing-time", "1", wait=False,
+              env={"STREAMLAKE_CRASH_AT": "after_files_silver:8", "SPARK_CONF_DIR": str(conf_dir)})
     deadline = time.monotonic() + 240
     while not (state / "_checkpoints" / "silver" / "metadata").exists() and job.poll() is None:
         assert time.monotonic() < deadline, "the run's queries did not start in 240 s"
@@ -438,8 +513,15 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     producer = live_producer(topic_name, partitions=3, rate=40, count=6000, seed=23, definition=definition,
                              late_fraction=0.06, out_of_order_seconds=5, malformed_fraction=0.08,
                              duplicate_fraction=0.05)
-    _, out1 = finish(job, 300)
+    while not (state / "_checkpoints" / "silver" / "commits" / "2").exists() and job.poll() is None:
+        assert time.monotonic() < deadline + 120, "silver committed no micro-batch in 360 s"
+        time.sleep(0.2)
+    killed = kill_an_executor_running_a_task(cluster["work_dirs"][0], ui_port, job)
+    _, out1 = finish(job, 400)
     assert job.returncode == 128 + 9, f"the run should have been SIGKILLed before silver's commit:\n{out1[-3000:]}"
+    lost = [line for line in out1.splitlines() if "ExecutorLostFailure" in line]
+    assert lost, f"a task of executor {killed} should have been lost with it:\n{out1[-3000:]}"
+    print("\n".join(lost[:3]))
     assert producer.running, "the kill should happen while records are still being produced"
     silver = f"{root}/silver"
     assert data_objects(s3, silver) - snapshot_objects(s3, silver), "the killed attempt had uploaded silver's files"
@@ -459,11 +541,11 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     # The root's job recorded the options given, without the secrets: `check` and `backfill --root`
     # need only the credentials, from the environment, as a user's shell has them.
     credentials = {k: s3[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    code, out3 = cli("check", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
+    code, out3 = cli("check", "--root", root, "--master", master, env=credentials, timeout=400)
     assert code == 0, out3[-3000:]
     for proof in (f"EXACTLY ONCE: {len(records)} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
         assert proof in out3, (proof, out3[-3000:])
-    code, out4 = cli("backfill", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
+    code, out4 = cli("backfill", "--root", root, "--master", master, env=credentials, timeout=400)
     assert code == 0 and "restated" in out4, out4[-3000:]
     for agg in definition.aggregates:  # every late event applied: gold is the aggregate of every event
         gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
@@ -477,24 +559,18 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     assert code == 0, out8[-3000:]
     savepoint = f"{root}/_savepoints/{out8.split()[0]}"
     assert f"is at {savepoint}" in out8, out8
-    # More records, another run, and the next check is incremental: from the last proof, only the
-    # files the Delta log shows added since are audited (no listing of the bucket).
-    more = live_producer(topic_name, partitions=3, count=150, seed=24, definition=definition)
-    more.wait_delivered(150, timeout_s=60)
-    more.stop()
-    code, out6 = cli(*common, "--available-now", timeout=400)
-    assert code == 0, out6[-3000:]
-    code, out7 = cli("check", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
-    assert code == 0 and f"EXACTLY ONCE: {len(records) + 150} rows" in out7, out7[-3000:]
-    assert "incremental from the proof" in out7, out7[-3000:]
     code, out5 = cli("quality", "run", "--root", root, "--table", "silver", "--json", env=credentials, timeout=300)
     assert code == 0, out5[-3000:]
     quality = json.loads(out5[out5.index("{"):out5.rindex("}") + 1])
     assert quality["rows"] >= len(events) and quality["status"] in ("PASS", "WARN"), quality
+    # More records after the savepoint (the job is not running).
+    more = live_producer(topic_name, partitions=3, count=150, seed=24, definition=definition)
+    more.wait_delivered(150, timeout_s=60)
+    more.stop()
 
     # A new driver machine (an empty STREAMLAKE_HOME: no job, checkpoint or ledger) restores the
     # savepoint from its URI; the job is defined again from the manifest. The run after it takes
-    # the 150 records again from the savepoint's offsets: every table holds every record once.
+    # the 150 records from the savepoint's offsets: every table holds every record once.
     new_driver = {**credentials, "STREAMLAKE_HOME": str(tmp_path / "new-driver")}
     public = [f for k, v in s3.items() if k not in credentials for f in ("--storage-option", f"{k}={v}")]
     code, out9 = cli("savepoint", "restore", savepoint, *public, env=new_driver, timeout=120)
@@ -502,7 +578,7 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     restored = json.loads(out9[out9.index("{"):out9.rindex("}") + 1])
     assert restored["job"] == job_name and restored["location"] == savepoint, restored
     code, out10 = cli("pipeline", "run", "--definition", str(definition_file), "--root", root, "--master",
-                      "local[2]", "--available-now", env=new_driver, timeout=400)
+                      master, "--available-now", env=new_driver, timeout=400)
     assert code == 0, out10[-3000:]
     code, out11 = cli("check", "--root", root, "--master", "local[2]", env=new_driver, timeout=400)
     assert code == 0, out11[-3000:]
@@ -521,7 +597,7 @@ def test_the_whole_pipeline_on_s3_survives_a_sigkill_in_silver_and_a_lost_driver
     fs, _ = arrow_filesystem(storage_options(root, s3, env={}))
     with fs.open_input_stream(f"{savepoint.removeprefix('s3://')}/manifest.json") as fh:
         stored_manifest = fh.read().decode()
-    assert_no_secret(s3, out1, out2, out3, out4, out5, out6, out7, out8, out9, out10, out11, stored_manifest,
+    assert_no_secret(s3, out1, out2, out3, out4, out5, out8, out9, out10, out11, stored_manifest,
                      paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
 
 
@@ -673,7 +749,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     save_job(JobSpec(name=name, root=root, definition_file=str(definition_file), max_offsets_per_trigger=300,
                      storage_options={"conditional_put": "etag"}, storage_conn_id="lake_s3"))
     ensure_topic(client_config(), topic_name, 3)
-    producer = live_producer(topic_name, partitions=3, rate=15, count=1200, seed=31,
+    producer = live_producer(topic_name, partitions=3, rate=15, seed=31,
                              definition=load_definition(definition_file), late_fraction=0.08,
                              out_of_order_seconds=5, malformed_fraction=0.08, duplicate_fraction=0.05)
     producer.wait_delivered(300, timeout_s=120)
@@ -694,11 +770,11 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
         assert "on the Spark Connect server" not in out, "an S3 root's tasks run in processes of their own"
         return out
 
-    # One run while the records are being produced (gold's watermark moves on), one after the last
-    # of them (late events are those behind it).
+    # One run while the records are being produced (gold's watermark moves on), one after the
+    # 300 more produced after it ended (late events are those behind the watermark).
     out0 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
-    assert "EVERY BRONZE ROW ONCE" in out0, out0[-4000:]
-    producer.wait_delivered(1200, timeout_s=180)
+    assert "EVERY BRONZE ROW ONCE" in out0 and "GOLD EQUALS RECOMPUTE" in out0, out0[-4000:]
+    producer.wait_delivered(producer.delivered + 300, timeout_s=120)
     producer.stop()
     out1 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
     for proof in (f"EXACTLY ONCE: {len(producer.records)} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
@@ -723,6 +799,8 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     more.stop()
     out4 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
     assert f"EXACTLY ONCE: {len(producer.records) + 90} rows" in out4, out4[-4000:]
+    # the proof after an operation is incremental: only the files added since the last proof
+    assert "incremental from the proof" in out4, out4[-4000:]
     out5 = dags_test("restore", {"job": name, "savepoint_id": savepoint.id})
     assert f"EXACTLY ONCE: {len(producer.records)} rows" in out5, out5[-4000:]
     assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
+from typing import Mapping
 
 from streamlake import config
 from streamlake.platform import procs
@@ -33,10 +34,10 @@ def master_url(port: int = DEFAULT_PORT) -> str:
     return f"spark://127.0.0.1:{port}"
 
 
-def _env() -> dict[str, str]:
+def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     from streamlake.spark.session import job_environment
 
-    return job_environment({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"})
+    return job_environment({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1", **(extra or {})})
 
 
 def status(ui_port: int | None = None) -> dict:
@@ -58,8 +59,12 @@ def status(ui_port: int | None = None) -> dict:
 
 
 def start(workers: int = 2, cores_per_worker: int = 1, memory: str = "2g", port: int = DEFAULT_PORT,
-          ui_port: int = DEFAULT_UI_PORT, timeout_s: float = 60) -> dict:
-    """Start the master and ``workers`` workers (idempotent); wait until all are ALIVE."""
+          ui_port: int = DEFAULT_UI_PORT, timeout_s: float = 60, worker_env: Mapping[str, str] | None = None) -> dict:
+    """Start the master and ``workers`` workers (idempotent); wait until all are ALIVE. Each
+    worker has a work directory of its own (``$STREAMLAKE_HOME/spark/spark-worker-<n>``);
+    ``worker_env`` is added to the workers' environment, which their executors inherit: an
+    object-store lake's credentials (the ``AWS_*`` variables) are all a worker needs besides
+    the package, as on a worker machine of a real cluster. Never on a command line."""
     if procs.status(MASTER) is None:
         procs.start(MASTER, [spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                              "--port", str(port), "--webui-port", str(ui_port)], env=_env(),
@@ -72,7 +77,7 @@ def start(workers: int = 2, cores_per_worker: int = 1, memory: str = "2g", port:
             work_dir.mkdir(parents=True, exist_ok=True)
             procs.start(name, [spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
                                "--cores", str(cores_per_worker), "--memory", memory, "--webui-port", "0",
-                               "--work-dir", str(work_dir)], env=_env(), info={"master": url})
+                               "--work-dir", str(work_dir)], env=_env(worker_env), info={"master": url})
     procs.wait_for(lambda: status().get("alive_workers", 0) >= workers, timeout_s,
                    what=f"{workers} Spark workers to register with {url}")
     return status()
