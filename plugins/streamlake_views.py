@@ -521,7 +521,19 @@ def _job_or_default(job: str | None):
     from streamlake.operations.jobs import DEMO_JOB, list_jobs, load_job
 
     names = list_jobs()
-    return load_job(job or (DEMO_JOB if DEMO_JOB in names or not names else names[0]))
+    return _reachable(load_job(job or (DEMO_JOB if DEMO_JOB in names or not names else names[0])))
+
+
+def _reachable(job):
+    """``job``, its tables reachable from this process: for a root on an object store, the
+    credentials of its storage connection (an Airflow ``aws`` connection) are remembered for
+    the root (never in the page or a log)."""
+    import logging
+
+    from streamlake.orchestration.hooks import reach_store
+
+    reach_store(job, logging.getLogger(__name__))
+    return job
 
 
 def _late_hours(spec) -> list[dict]:
@@ -650,14 +662,17 @@ async def trigger_backfill(request: Request) -> HTMLResponse:
 
 def _pipeline_overview(name: str) -> dict:
     """One pipeline as the Pipelines view shows it: definition, tables with their Delta
-    versions, pending late events per aggregate, latest checks and quality."""
+    versions, pending late events per aggregate, latest checks and quality. A table the
+    process cannot reach (a store without credentials here) shows as unreachable."""
+    import logging
+
     from streamlake.delta.table import open_table
     from streamlake.operations.consistency import recent_checks
     from streamlake.operations.jobs import load_job
     from streamlake.pipeline.late_events import pending_count
     from streamlake.quality.results import latest
 
-    job = load_job(name)
+    job = _reachable(load_job(name))
     definition = job.definition
     tables = {}
     for table, path in job.tables().items():
@@ -665,9 +680,15 @@ def _pipeline_overview(name: str) -> dict:
             tables[table] = open_table(path).version()
         except FileNotFoundError:
             tables[table] = None
+        except Exception as exc:  # noqa: BLE001 - an unreachable store: this pipeline says so, the page stays
+            logging.getLogger(__name__).warning("pipeline %s: table %s unreachable: %s", name, path, exc)
+            tables[table] = f"unreachable: {type(exc).__name__}"
     pending = {}
     for agg in (definition.aggregates if definition else ()):
-        pending[agg.name] = pending_count(definition, agg, job.table_path(agg.late_table))
+        try:
+            pending[agg.name] = pending_count(definition, agg, job.table_path(agg.late_table))
+        except Exception as exc:  # noqa: BLE001 - as above
+            pending[agg.name] = f"unreachable: {type(exc).__name__}"
     last_checks = {}
     for row in recent_checks(200, name):
         key = (row.get("kind") or "kafka-audit", _table_of(row.get("table_path")))
@@ -706,7 +727,7 @@ def pipelines(request: Request) -> HTMLResponse:
     for name in names:
         p = _pipeline_overview(name)
         q = p["quality"]
-        rows = [[_td(t), _td("-" if v is None else f"v{v}", "num"), _td(q.get(t, "-"), q.get(t, "")),
+        rows = [[_td(t), _td("-" if v is None else f"v{v}" if isinstance(v, int) else v, "num"), _td(q.get(t, "-"), q.get(t, "")),
                  _td(p["pending_late_events"].get(t.split("/", 1)[1], "") if t.startswith("late_events/") else "",
                      "num")]
                 for t, v in p["tables"].items()]

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

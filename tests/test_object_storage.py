@@ -84,6 +84,36 @@ def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
 
 
 @pytest.mark.fast
+def test_the_views_process_reaches_a_job_store_with_its_connection_and_keeps_it_when_the_job_loads_again(
+        monkeypatch):
+    """reach_store remembers the connection's credentials for the job's root in this process
+    (no environment change: the views serve requests side by side); loading the job again,
+    which remembers its recorded options, keeps them; another root does not get them."""
+    import logging
+
+    from streamlake.operations.jobs import JobSpec
+    from streamlake.orchestration.hooks import reach_store
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    conn_id, root = f"views_{uuid.uuid4().hex[:6]}", f"s3://views-{uuid.uuid4().hex[:6]}/lake"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
+        {"conn_type": "aws", "login": ACCESS_KEY_ID, "password": "views-secret",
+         "extra": {"endpoint_url": "http://127.0.0.1:9"}}))
+    job = JobSpec(name="views-s3", root=root, topics=["views"], storage_options={"conditional_put": "etag"},
+                  storage_conn_id=conn_id)
+    assert "AWS_SECRET_ACCESS_KEY" not in storage_options(f"{root}/silver")
+    reach_store(job, logging.getLogger(__name__))
+    JobSpec(name="views-s3", root=root, topics=["views"], storage_options={"conditional_put": "etag"},
+            storage_conn_id=conn_id)
+    options = storage_options(f"{root}/silver")
+    assert options["AWS_SECRET_ACCESS_KEY"] == "views-secret" and options["conditional_put"] == "etag"
+    assert options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
+    assert "AWS_SECRET_ACCESS_KEY" not in storage_options(f"s3://other-{uuid.uuid4().hex[:6]}/lake")
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+
+
+@pytest.mark.fast
 def test_dispose_deletes_a_stored_savepoint_manifest_first_and_an_old_format_one_too(tmp_path, monkeypatch):
     from streamlake.config import savepoints_dir
     from streamlake.operations.savepoints import SavepointError, dispose_savepoint, load_savepoint
@@ -734,6 +764,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.definition import load_definition
     from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
+    from deltalake import DeltaTable
 
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
@@ -806,4 +837,41 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)
     assert sorted(table_rows(s3, f"{root}/silver", (load_definition(definition_file).event_id,)).column(0)
                   .to_pylist()) == sorted(events), "silver is back at the savepoint"
-    assert_no_secret(s3, out0, out1, out2, out3, out4, out5, paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+    # The Pipelines and Late events views of the job, served in this process (Airflow's API server
+    # in production) with no AWS_* variable: they reach the tables with the connection's
+    # credentials. Versions and late events as the test reads them itself.
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_S3", json.dumps(connection))
+    pages = views_client()
+    overview = next(p for p in pages.get("/api/pipelines").json() if p["name"] == name)
+    for table in ("bronze", "silver", "gold/revenue_5m", "late_events/activity"):
+        expected = DeltaTable(f"{root}/{table}", storage_options=dict(storage_options(root, s3, env={}))).version()
+        assert overview["tables"][table] == expected, (table, overview["tables"])
+    hours = pages.get(f"/api/late-events?job={name}").json()
+    for agg in load_definition(definition_file).aggregates:
+        late = table_rows(s3, f"{root}/{agg.late_table}", ("applied",)).column(0).to_pylist()
+        mine = [h for h in hours if h["aggregate"] == agg.name]
+        assert sum(h["applied"] for h in mine) == sum(late) and sum(h["pending"] for h in mine) == len(late) - sum(late)
+        assert overview["pending_late_events"][agg.name] == len(late) - sum(late)
+    assert sum(h["applied"] for h in hours) > 0, "the backfill applied late events before the savepoint"
+    responses = [pages.get("/pipelines"), pages.get(f"/late-events?job={name}")]
+    assert all(r.status_code == 200 for r in responses), [r.text[-2000:] for r in responses]
+    html_pages = [r.text for r in responses]
+    assert_no_secret(s3, out0, out1, out2, out3, out4, out5, *html_pages,
+                     paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+
+
+def views_client():
+    """The StreamLake views app in this process, as if Airflow had authenticated the user."""
+    import importlib.util
+
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
+    spec = importlib.util.spec_from_file_location("streamlake_views_s3", path)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    plugin.app.dependency_overrides[get_user] = lambda: object()
+    return TestClient(plugin.app, root_path="/streamlake")

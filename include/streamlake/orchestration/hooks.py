@@ -91,6 +91,20 @@ def job_store_environment(job, log) -> dict[str, str]:
     return env
 
 
+def reach_store(job, log) -> None:
+    """For ``job`` on an object store, its storage connection's credentials and endpoint
+    (:func:`job_store_environment`) remembered as options of its root in this process
+    (:func:`~streamlake.storage.location.remember_options`): every table opened under the
+    root reaches the store. For long-lived processes that serve several requests at once
+    (the views in Airflow's API server), where changing the environment for one would race
+    with the others. Nothing for a local root or when the connection is not defined."""
+    from streamlake.storage.location import remember_options
+
+    env = job_store_environment(job, log)
+    if env:
+        remember_options(job.root, env)
+
+
 @contextmanager
 def store_credentials(job, log) -> Iterator[dict[str, str]]:
     """For the block, ``job``'s store credentials (:func:`job_store_environment`) in this

@@ -176,12 +176,13 @@ _REMEMBERED: dict[str, dict[str, str]] = {}
 
 def remember_options(root: str | os.PathLike, options: Mapping[str, str]) -> None:
     """Make every later :func:`storage_options` of ``root`` or a URI under it, in this process,
-    include ``options`` (after the environment's, before those given). A job's recorded
+    include ``options`` (after the environment's, before those given), added to what was
+    remembered for it before (a key given again takes the new value). A job's recorded
     options (endpoint, region, commit mode; never secrets) so reach every table its
     checks, backfills and validations open, the way Hadoop's per-bucket settings do."""
     raw = normalize(root)
     if options and is_object_store(raw):
-        _REMEMBERED[raw] = dict(options)
+        _REMEMBERED[raw] = {**_REMEMBERED.get(raw, {}), **options}
 
 
 def _remembered(uri: str) -> dict[str, str]:
