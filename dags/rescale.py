@@ -79,9 +79,8 @@ with DAG(
     @task(task_id="savepoint_and_stop")
     def savepoint_and_stop(params: dict) -> dict:
         """Stop-with-savepoint at a micro-batch boundary."""
-        from streamlake.orchestration.tasks import refuse_rescale_on_a_store, take_savepoint
+        from streamlake.orchestration.tasks import take_savepoint
 
-        refuse_rescale_on_a_store(params["job"])
         return take_savepoint(params["job"], stop=True, note="rescale")
 
     @task(task_id="apply_settings")

@@ -80,7 +80,7 @@ def test_every_variable_is_one_the_project_or_airflow_reads(compose):
     sources = "\n".join(p.read_text() for d in ("include", "dags", "jobs", "plugins") for p in (ROOT / d).rglob("*.py"))
     run_env = airflow_setup.airflow_env()
     for name, svc in compose["services"].items():
-        if name in ("kafka", "postgres"):
+        if name in ("kafka", "postgres", "minio", "minio-init"):
             continue  # the images' own settings
         for var in _env(svc):
             if var.startswith("AIRFLOW__"):
@@ -101,3 +101,37 @@ def test_every_variable_is_one_the_project_or_airflow_reads(compose):
     missing = [k for k in run_env if k.startswith(("AIRFLOW__", "AIRFLOW_CONN_")) and k not in compose_env
                and k not in airflow_setup.SQLITE_SETTINGS]
     assert not missing, f"settings of `make run` missing from compose: {missing}"
+
+
+def test_the_lake_is_on_the_composes_minio(compose, monkeypatch):
+    """Every container that runs StreamLake code (Airflow's, Spark's: their executors write the
+    tables) reaches the lake on the MinIO service with its credentials; the bucket the lake
+    root names is the one minio-init creates; commits are conditional puts; and the settings
+    mean to the project what the comment says (pipelines at s3://lake/<name>, the platform's
+    tables at s3://lake/_platform)."""
+    from urllib.parse import urlsplit
+
+    from streamlake.storage.lake import lake_options, lake_root, platform_root
+
+    services = compose["services"]
+    minio = _env(services["minio"])
+    assert "server" in services["minio"]["command"]
+    for name, svc in services.items():
+        if name.startswith(("airflow", "spark")):
+            env = _env(svc)
+            assert env["AWS_ACCESS_KEY_ID"] == minio["MINIO_ROOT_USER"], name
+            assert env["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"], name
+            for key in ("STREAMLAKE_LAKE_ROOT", "STREAMLAKE_STORAGE_OPTIONS"):
+                monkeypatch.setenv(key, env[key])
+            monkeypatch.delenv("STREAMLAKE_PLATFORM_ROOT", raising=False)
+            options = lake_options()
+            endpoint = urlsplit(options["AWS_ENDPOINT_URL"])
+            assert endpoint.hostname == "minio" and f"{endpoint.port}:{endpoint.port}" in services["minio"]["ports"]
+            assert options["conditional_put"] == "etag", "MinIO honours If-None-Match: commits are put-if-absent"
+            assert lake_root() == "s3://lake" and platform_root() == "s3://lake/_platform"
+    bucket = urlsplit(_env(services["airflow-scheduler"])["STREAMLAKE_LAKE_ROOT"]).netloc
+    init = services["minio-init"]
+    assert f"mc mb --ignore-existing lake/{bucket}" in " ".join(init["entrypoint"])
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert services["airflow-scheduler"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    assert "minio-data:/data" in services["minio"]["volumes"]

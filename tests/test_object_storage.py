@@ -69,6 +69,43 @@ def test_storage_options_come_from_the_environment_then_flags_and_secrets_never_
 
 
 @pytest.mark.fast
+def test_the_lake_root_puts_every_defined_pipeline_and_the_platform_tables_on_the_store(tmp_path, monkeypatch):
+    """``STREAMLAKE_LAKE_ROOT=s3://...``: a pipeline of the pipelines directory is a job rooted
+    at ``<lake root>/<name>`` with the lake's public options recorded (never a secret), and the
+    platform's tables are under ``<lake root>/_platform`` unless ``STREAMLAKE_PLATFORM_ROOT``
+    names another place; unset, both stay under the home as before."""
+    from helpers import example
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.records import platform_table_path
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("STREAMLAKE_HOME", str(home))
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    monkeypatch.setenv("STREAMLAKE_PIPELINES", str(pipelines))
+    example("orders", pipelines, "orders-topic")
+    for key in ("STREAMLAKE_LAKE_ROOT", "STREAMLAKE_PLATFORM_ROOT", "STREAMLAKE_STORAGE_OPTIONS"):
+        monkeypatch.delenv(key, raising=False)
+    assert platform_table_path("operations") == str(home / "data" / "_platform" / "operations")
+
+    monkeypatch.setenv("STREAMLAKE_LAKE_ROOT", "s3://lake/prod/")
+    monkeypatch.setenv("STREAMLAKE_STORAGE_OPTIONS", "AWS_ENDPOINT_URL=http://minio:9000, conditional_put=etag")
+    job = load_job("orders")
+    assert job.root == "s3://lake/prod/orders"
+    assert job.storage_options == {"AWS_ENDPOINT_URL": "http://minio:9000", "conditional_put": "etag"}
+    assert storage_options(job.table_path("silver"), env={}).get_any("conditional_put") == "etag"
+    assert platform_table_path("operations") == "s3://lake/prod/_platform/operations"
+    monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", "s3://ops/streamlake")
+    assert platform_table_path("operations") == "s3://ops/streamlake/operations"
+    assert storage_options("s3://ops/streamlake/operations", env={}).get_any("AWS_ENDPOINT_URL") == "http://minio:9000"
+
+    monkeypatch.setenv("STREAMLAKE_STORAGE_OPTIONS", "AWS_SECRET_ACCESS_KEY=s3cr3t-value")
+    with pytest.raises(StorageOptionError, match="never in a setting") as refused:
+        platform_table_path("operations")
+    assert "s3cr3t-value" not in str(refused.value)
+
+
+@pytest.mark.fast
 def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
     from streamlake.orchestration.hooks import connection_environment
 
@@ -136,21 +173,6 @@ def test_dispose_deletes_a_stored_savepoint_manifest_first_and_an_old_format_one
     assert not stored.exists() and not (savepoints_dir() / "sp-new").exists()
     with pytest.raises(SavepointError, match="no savepoint 'sp-new'"):
         dispose_savepoint("sp-new")
-
-
-@pytest.mark.fast
-def test_the_rescale_dag_refuses_a_root_on_s3_before_anything_is_paused(tmp_path, monkeypatch):
-    """A rescale (stop-with-savepoint, new resources, restore) of an object-store root has not
-    been run yet: its DAG refuses such a job with a clear error before the savepoint."""
-    from streamlake.operations.jobs import JobSpec, save_job
-    from streamlake.operations.savepoints import SavepointError
-    from streamlake.orchestration.tasks import refuse_rescale_on_a_store
-
-    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
-    save_job(JobSpec(name="on-s3", root="s3://lake/on-s3", topics=["t"]))
-    with pytest.raises(SavepointError, match="s3://lake/on-s3 is on an object store, where a rescale is not"):
-        refuse_rescale_on_a_store("on-s3")
-    assert not list((tmp_path / "home").rglob("sp-*"))
 
 
 @pytest.mark.fast
@@ -428,6 +450,27 @@ def assert_tables_equal_what_was_produced(s3: dict, root: str, definition_file: 
     return events
 
 
+def assert_silver_and_gold_hold(s3: dict, root: str, definition_file: Path, events: dict, more, when: str) -> None:
+    """Silver holds ``events`` and the valid events ``more`` produced, each once; each gold table
+    is the test's own aggregate of them all but the late events still pending (a backfill
+    applied the others)."""
+    import oracle
+    from streamlake.pipeline.definition import load_definition
+
+    definition = load_definition(definition_file)
+    every = {**events, **{r.fields[definition.event_id]: r.fields for r in more.records if r.kind in ("valid", "late")}}
+    ids = table_rows(s3, f"{root}/silver", (definition.event_id,)).column(0).to_pylist()
+    assert sorted(ids) == sorted(every), f"silver {when}: each event once"
+    raw = oracle.load(definition_file)
+    for agg in definition.aggregates:
+        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id, "applied")).to_pylist()
+        pending = {row[definition.event_id] for row in late if not row["applied"]}
+        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
+        expected = oracle.expected_gold(raw, agg.name, [e for i, e in every.items() if i not in pending])
+        problems = oracle.compare_gold(expected, gold, list(agg.keys))
+        assert not problems, f"gold/{agg.name} {when}:\n" + "\n".join(problems[:20])
+
+
 def executors_of(work_dir: Path) -> list:
     """The executor JVMs a standalone worker launched: their working directory is under the
     worker's work directory (``<work dir>/<app id>/<executor id>``)."""
@@ -493,7 +536,7 @@ def cluster(s3):
 
 @pytest.mark.slow
 def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_executor_a_sigkilled_driver_and_a_lost_driver_disk(
-        s3, cluster, live_producer, topic_name, tmp_path):
+        s3, cluster, live_producer, topic_name, tmp_path, monkeypatch):
     """`pipeline run --root s3://... --master spark://...`: bronze, silver, quarantine, gold and
     late events of the orders example (a tumbling and a session aggregate) on the S3 server,
     computed by a Spark standalone cluster of two workers that share no directory with the lake
@@ -510,8 +553,11 @@ def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_execu
     `quality run` validates silver. A savepoint taken after the backfill (kept on S3) is
     restored by a new driver with an empty home from its URI alone, after more records were
     produced; the run after it takes them from the savepoint's offsets, each table holds every
-    record once, gold equals the test's aggregate, and `check` proves it. No credential in any
-    output, file, or the stored manifest."""
+    record once, gold equals the test's aggregate, and `check` proves it, incrementally from the
+    first driver's proof: the platform's own tables (the ledger of proofs, the checks, the
+    operations, the quality results) are on the store too (``STREAMLAKE_PLATFORM_ROOT``), none
+    in either driver's home. No credential in any output, file, the stored manifest or the
+    platform's tables."""
     import oracle
     from helpers import example
     from streamlake.kafka.client import client_config
@@ -525,6 +571,10 @@ def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_execu
     ensure_topic(client_config(), topic_name, 3)
     root = f"s3://lake/{topic_name}/orders"
     state = Path(state_dir(root))
+    platform = f"s3://lake/{topic_name}/platform"  # every process below reads and writes one ledger there
+    monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", platform)
+    monkeypatch.setenv("STREAMLAKE_STORAGE_OPTIONS", ",".join(
+        f"{k}={v}" for k, v in s3.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")))
     master = cluster["master"]
     common = ["pipeline", "run", "--definition", str(definition_file), "--root", root, "--master", master,
               "--kafka-option", "fetch.wait.max.ms=100", *storage_flags(s3)]
@@ -612,23 +662,34 @@ def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_execu
     assert code == 0, out10[-3000:]
     code, out11 = cli("check", "--root", root, "--master", "local[2]", env=new_driver, timeout=400)
     assert code == 0, out11[-3000:]
-    for proof in (f"EXACTLY ONCE: {len(records) + 150} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
+    for proof in (f"EXACTLY ONCE: {len(records) + 150} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE",
+                  "incremental from the proof"):  # the first driver's proof, read from the store
         assert proof in out11, (proof, out11[-3000:])
-    every = {**events, **{r.fields[definition.event_id]: r.fields for r in more.records if r.kind in ("valid", "late")}}
-    ids = table_rows(s3, silver, (definition.event_id,)).column(0).to_pylist()
-    assert sorted(ids) == sorted(every), "silver after the restore and the run: each event once"
-    for agg in definition.aggregates:
-        late = table_rows(s3, f"{root}/{agg.late_table}", (definition.event_id, "applied")).to_pylist()
-        pending = {row[definition.event_id] for row in late if not row["applied"]}
-        gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
-        expected = oracle.expected_gold(raw, agg.name, [e for i, e in every.items() if i not in pending])
-        problems = oracle.compare_gold(expected, gold, list(agg.keys))
-        assert not problems, f"gold/{agg.name} after the restore:\n" + "\n".join(problems[:20])
+    assert_silver_and_gold_hold(s3, root, definition_file, events, more, "after the restore")
+    # The platform's tables, on the store: both drivers' checks, the runs and the backfill, silver's validation.
+    checks = table_rows(s3, f"{platform}/consistency_checks", ("job", "verdict")).to_pylist()
+    assert len([c for c in checks if c["job"] == job_name]) >= 2 and all(c["verdict"] == "PASS" for c in checks)
+    assert table_rows(s3, f"{platform}/verified_ranges", ("job",)).column(0).to_pylist().count(job_name) >= 2
+    operations = set(table_rows(s3, f"{platform}/operations", ("operation",)).column(0).to_pylist())
+    assert {"pipeline-run", "backfill"} <= operations, operations
+    validations = table_rows(s3, f"{platform}/quality_results", ("validation_id",)).column(0).to_pylist()
+    assert quality["validation_id"] in validations, "silver's validation is recorded on the store"
+    for home in (Path(os.environ["STREAMLAKE_HOME"]), tmp_path / "new-driver"):
+        local = home / "data" / "_platform" / "operations"
+        assert not local.exists() or job_name not in read_local_rows(local, "job"), f"{home} keeps a ledger"
     fs, _ = arrow_filesystem(storage_options(root, s3, env={}))
     with fs.open_input_stream(f"{savepoint.removeprefix('s3://')}/manifest.json") as fh:
         stored_manifest = fh.read().decode()
     assert_no_secret(s3, out1, out2, out3, out4, out5, out8, out9, out10, out11, stored_manifest,
+                     *[_object_text(s3, o) for o in objects(s3, platform)],
                      paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
+
+
+def read_local_rows(path: Path, column: str) -> list:
+    """A column of a local Delta table, read by the test with delta-rs."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_table(columns=[column]).column(0).to_pylist()
 
 
 @pytest.mark.slow
@@ -693,6 +754,88 @@ def test_an_s3_table_without_a_safe_commit_is_refused_before_anything_is_written
     assert_no_secret(s3, out)
 
 
+# One process of the platform recording an operation, a proof and a quality result, once the
+# file named by argv[2] exists (so that every process commits at the same moment).
+_PLATFORM_WRITER = """
+import datetime as dt, os, sys, time
+from streamlake.kafka.offsets import TopicPartition
+from streamlake.operations.ledger import Proof, ProvenRange, record_proof
+from streamlake.operations.records import record_operation
+from streamlake.quality.results import append_results
+i, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.01)
+now = dt.datetime.now(dt.timezone.utc)
+record_operation("writer-test", f"job-{i}", {"writer": i})
+record_proof(Proof(f"chk-{i}", f"job-{i}", "s3://lake/t", f"table-{i}", int(i), now, ("t",),
+                   {TopicPartition("t", 0): ProvenRange(0, 10 + int(i), 10 + int(i), 10 + int(i))}))
+append_results([{"run_id": f"run-{i}", "validation_id": f"val-{i}", "validated_at": now, "table_name": "silver",
+                 "expectation_key": f"key-{e}", "success": True} for e in range(3)])
+"""
+
+
+@pytest.mark.slow
+def test_the_platform_tables_on_s3_take_concurrent_writers_once_each_and_refuse_an_unsafe_store(
+        s3, tmp_path, monkeypatch):
+    """The ledger (``verified_ranges``), the operations and the quality results under
+    ``STREAMLAKE_PLATFORM_ROOT=s3://...``, its public options in
+    ``STREAMLAKE_STORAGE_OPTIONS`` and the credentials in ``AWS_*``: six processes
+    record an operation, a proof and three quality rows at the same moment; each table's
+    versions 1..6 are one writer's commit each and every row is there once (read back by the
+    test with delta-rs and pyarrow), with nothing under their ``STREAMLAKE_HOME``. Without a
+    safe commit the first write is refused before any object is written, and a secret in the
+    options variable is refused."""
+    from deltalake import DeltaTable
+
+    from streamlake.operations.records import record_operation
+
+    platform = f"s3://lake/platform-{uuid.uuid4().hex[:8]}"
+    public = {k: v for k, v in s3.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+           "AWS_ACCESS_KEY_ID": s3["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": s3["AWS_SECRET_ACCESS_KEY"],
+           "STREAMLAKE_PLATFORM_ROOT": platform, "STREAMLAKE_HOME": str(tmp_path / "home"),
+           "STREAMLAKE_STORAGE_OPTIONS": ",".join(f"{k}={v}" for k, v in public.items())}
+    go = tmp_path / "go"
+    writers = [subprocess.Popen([sys.executable, "-c", _PLATFORM_WRITER, str(i), str(go)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(1, 7)]
+    time.sleep(3)  # every writer imported and waiting
+    go.touch()
+    outs = [w.communicate(timeout=120)[0] for w in writers]
+    assert all(w.returncode == 0 for w in writers), "\n".join(outs)[-4000:]
+    opts = dict(storage_options(platform, s3, env={}))
+    for table, key, rows_each in (("operations", "job", 1), ("verified_ranges", "check_id", 2),
+                                  ("quality_results", "validation_id", 3)):
+        uri = f"{platform}/{table}"
+        history = DeltaTable(uri, storage_options=opts).history()
+        writes = sorted(h["version"] for h in history if h["operation"] == "WRITE")
+        assert writes == list(range(1, 7)), (table, [(h["version"], h["operation"]) for h in history])
+        values = table_rows(s3, uri, (key,)).column(0).to_pylist()
+        assert len(values) == 6 * rows_each and len(set(values)) == 6, (table, values)
+    assert not (tmp_path / "home" / "data" / "_platform").exists(), "the platform tables are on the store"
+    assert_no_secret(s3, *outs, *[_object_text(s3, o) for o in objects(s3, platform)])
+
+    # Without conditional_put (or a lock table, or a declared single writer): refused, nothing written.
+    unsafe = f"s3://lake/platform-unsafe-{uuid.uuid4().hex[:8]}"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
+        monkeypatch.setenv(key, s3[key])
+    monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", unsafe)
+    monkeypatch.setenv("STREAMLAKE_STORAGE_OPTIONS", "AWS_REGION=" + s3["AWS_REGION"])
+    with pytest.raises(UnsafeStoreError, match="conditional_put=etag"):
+        record_operation("writer-test", "unsafe", {})
+    assert objects(s3, unsafe) == []
+    monkeypatch.setenv("STREAMLAKE_STORAGE_OPTIONS", f"AWS_SECRET_ACCESS_KEY={s3['AWS_SECRET_ACCESS_KEY']}")
+    with pytest.raises(StorageOptionError, match="never in a setting") as refused:
+        record_operation("writer-test", "unsafe", {})
+    assert s3["AWS_SECRET_ACCESS_KEY"] not in str(refused.value)
+
+
+def _object_text(options: dict, key: str) -> str:
+    """An object of the store (``bucket/key``) as text, undecodable bytes replaced."""
+    fs, _ = arrow_filesystem(storage_options("s3://" + key, options, env={}))
+    with fs.open_input_stream(key) as fh:
+        return fh.read().decode(errors="replace")
+
+
 def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, live_producer, topic_name, tmp_path):
     """bronze on S3 -> ``readStream.format("streamlake-delta")`` in the session's Spark: the
     first run reads every row once, a restart from its checkpoint only what was committed since."""
@@ -746,8 +889,8 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
 def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airflow_connection(
         s3, live_producer, topic_name, tmp_path, monkeypatch):
     """`airflow dags test ingest_<job>` of a job rooted on the S3 server, once while its records are
-    produced one at a time and once after, then `backfill_<job>`, `savepoint`, another run and
-    `restore`, with no AWS_* variable
+    produced one at a time and once after, then `backfill_<job>`, `savepoint`, another run,
+    `restore`, and `rescale` with the run on its new settings, with no AWS_* variable
     in Airflow's environment: the credentials and the endpoint come from an Airflow connection
     of type aws (the job's storage connection). The run and its proof (verify) are processes
     of their own with them in their environment; the tables equal what the test produced and
@@ -760,7 +903,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     from helpers import EXAMPLES
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
-    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.operations.jobs import JobSpec, load_job, save_job
     from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.definition import load_definition
     from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
@@ -837,6 +980,21 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)
     assert sorted(table_rows(s3, f"{root}/silver", (load_definition(definition_file).event_id,)).column(0)
                   .to_pylist()) == sorted(events), "silver is back at the savepoint"
+    # The rescale DAG: stop-with-savepoint (on S3), new settings (two input splits per partition,
+    # gold's aggregations on three partitions, smaller micro-batches), then the job's run on them
+    # (`dags test` does not run the run it triggers): it takes the 90 records again and proves it.
+    out6 = dags_test("rescale", {"job": name, "spark_conn_id": "spark_default", "total_executor_cores": None,
+                                 "executor_cores": None, "min_partitions": 6, "max_offsets_per_trigger": 200,
+                                 "gold_partitions": 3})
+    assert "rescaled__" in out6, out6[-4000:]
+    out7 = dags_test(f"ingest_{name}", {"mode": "scheduled", "spark_conn_id": "spark_default",
+                                        "resumes": "rescale"})
+    for proof in (f"EXACTLY ONCE: {len(producer.records) + 90} rows", "[rescale] job", "EVERY BRONZE ROW ONCE",
+                  "GOLD EQUALS RECOMPUTE"):
+        assert proof in out7, (proof, out7[-4000:])
+    rescaled = load_job(name)
+    assert (rescaled.min_partitions, rescaled.max_offsets_per_trigger, rescaled.gold_partitions) == (6, 200, 3)
+    assert_silver_and_gold_hold(s3, root, definition_file, events, more, "after the rescale")
     # The Pipelines and Late events views of the job, served in this process (Airflow's API server
     # in production) with no AWS_* variable: they reach the tables with the connection's
     # credentials. Versions and late events as the test reads them itself.
@@ -858,7 +1016,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     responses = [pages.get("/pipelines"), pages.get(f"/late-events?job={name}")]
     assert all(r.status_code == 200 for r in responses), [r.text[-2000:] for r in responses]
     html_pages = [r.text for r in responses]
-    assert_no_secret(s3, out0, out1, out2, out3, out4, out5, *html_pages,
+    assert_no_secret(s3, out0, out1, out2, out3, out4, out5, out6, out7, *html_pages,
                      paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
 
 

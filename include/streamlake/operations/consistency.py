@@ -61,7 +61,7 @@ from streamlake.operations.audit import (
     snapshot_index,
 )
 from streamlake.operations.jobs import JobSpec
-from streamlake.operations.records import append_row, platform_table_path, read_rows
+from streamlake.operations.records import append_row, platform_table_path, read_rows, writable_options
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +380,7 @@ def migrate_results_table() -> None:
     path = platform_table_path(RESULTS.name)
     if not table_exists(path):
         return
-    table = open_table(path)
+    table = open_table(path, storage_options=writable_options(path))
     names = pa.schema(table.schema().to_arrow()).names
     wanted = RESULTS.schema.names
     if names == wanted or names != wanted[:len(names)]:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from streamlake import config
 from streamlake.errors import InvalidOptionError
-from streamlake.storage.location import is_secret, join, normalize, remember_options, state_dir
+from streamlake.storage.location import is_object_store, is_secret, join, normalize, remember_options, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -281,10 +281,15 @@ def jobs_dir() -> Path:
 
 
 def default_job(name: str, definition_file: str | Path) -> JobSpec:
-    """The job of a definition in the pipelines directory: its root under the home, the
-    default read limit for scheduled available-now runs."""
-    return JobSpec(name=name, root=str(config.home() / "data" / name), definition_file=str(definition_file),
-                   max_offsets_per_trigger=DEFAULT_MAX_OFFSETS_PER_TRIGGER)
+    """The job of a definition in the pipelines directory: its root under the lake root
+    (:func:`streamlake.storage.lake.lake_root`, with the lake's public options when that is
+    an object store), the default read limit for scheduled available-now runs."""
+    from streamlake.storage.lake import lake_options, lake_root
+
+    root = join(lake_root(), name)
+    return JobSpec(name=name, root=root, definition_file=str(definition_file),
+                   max_offsets_per_trigger=DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+                   storage_options=lake_options() if is_object_store(root) else {})
 
 
 def identity_file(root: str | Path) -> Path:

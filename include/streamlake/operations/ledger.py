@@ -1,7 +1,8 @@
 """Verified ranges: what each passing consistency check proved, and what a table did since.
 
 **The ledger.** A passing check appends its proof to the platform table
-``verified_ranges`` (``$STREAMLAKE_HOME/data/_platform/verified_ranges``): one
+``verified_ranges`` (under the platform root, :mod:`streamlake.operations.records`:
+``$STREAMLAKE_HOME/data/_platform`` or an object-store URI shared by every machine): one
 row per topic-partition with the offset range ``[first_offset, next_offset)`` it
 proved the table holds exactly once at ``delta_version``, the row and record
 counts of that range, and one marker row (``topic`` null) so that a proof of a
@@ -41,14 +42,11 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from streamlake.delta.table import (
     TableSpec,
-    ensure_table,
     open_table,
     snapshot_files,
-    table_exists,
 )
 from streamlake.kafka.offsets import TopicPartition
 from streamlake.operations.audit import (
@@ -59,7 +57,7 @@ from streamlake.operations.audit import (
     snapshot_index,
     table_filesystem,
 )
-from streamlake.operations.records import platform_table_path
+from streamlake.operations.records import append_rows, platform_rows, platform_table_path
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +111,8 @@ def ledger_path() -> str:
 
 
 def record_proof(proof: Proof) -> None:
-    """Append a proof to the ledger (blind append: concurrent checks do not conflict)."""
-    from deltalake import write_deltalake
-
+    """Append a proof to the ledger (blind append: concurrent checks do not conflict).
+    Raises UnsafeStoreError, writing nothing, on a store without safe commits."""
     common = {"check_id": proof.check_id, "job": proof.job, "table_path": proof.table_path,
               "table_id": proof.table_id, "delta_version": proof.version, "proven_at": proof.proven_at,
               "mode": proof.mode, "base_version": proof.base_version, "topics": json.dumps(list(proof.topics))}
@@ -124,10 +121,8 @@ def record_proof(proof: Proof) -> None:
     rows += [{**common, "topic": tp.topic, "partition": tp.partition, "first_offset": r.first,
               "next_offset": r.next, "kafka_records": r.kafka_records, "table_rows": r.table_rows}
              for tp, r in sorted(proof.ranges.items())]
-    path = ledger_path()
-    ensure_table(path, VERIFIED_RANGES)
-    write_deltalake(path, pa.Table.from_pylist(rows, schema=VERIFIED_RANGES.schema), mode="append")
-    _compact_if_needed(path)
+    append_rows(VERIFIED_RANGES, rows)
+    _compact_if_needed(ledger_path())
 
 
 def _compact_if_needed(path: str) -> None:
@@ -141,14 +136,7 @@ def _compact_if_needed(path: str) -> None:
 
 
 def _ledger_rows(filter_expr=None, columns=None) -> pa.Table | None:
-    path = ledger_path()
-    if not table_exists(path):
-        return None
-    files = snapshot_files(open_table(path))
-    if not files:
-        return None
-    return ds.dataset(files, format="parquet", schema=VERIFIED_RANGES.schema).to_table(
-        columns=columns, filter=filter_expr)
+    return platform_rows(VERIFIED_RANGES, filter_expr, columns)
 
 
 class ProofIndex:

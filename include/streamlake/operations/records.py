@@ -1,9 +1,17 @@
 """Small append-only Delta tables the platform keeps about itself.
 
-``consistency_checks`` (every check's verdict) and ``operations`` (savepoints,
-restores, rescales with their details) live under
-``$STREAMLAKE_HOME/data/_platform/``. Appends are blind Delta appends, so tasks
-running at the same time do not conflict.
+``consistency_checks`` (every check's verdict), ``verified_ranges`` (the ledger of
+what each check proved), ``operations`` (savepoints, restores, rescales with their
+details) and ``quality_results`` live under the **platform root**
+(:func:`streamlake.storage.lake.platform_root`): ``$STREAMLAKE_HOME/data/_platform``
+by default, or an object-store URI (``STREAMLAKE_PLATFORM_ROOT``, or the lake root's
+``_platform``), so that every machine of a cluster (Airflow's workers, its API
+server, the drivers) reads and writes one ledger instead of each its own disk's.
+
+Appends are blind Delta appends, so tasks running at the same time do not
+conflict: each gets a version of its own. Where two writers could both commit one
+version (S3 without ``conditional_put=etag`` or a lock table) nothing is written:
+:func:`append_rows` raises UnsafeStoreError, as a job's own tables do.
 """
 
 from __future__ import annotations
@@ -11,12 +19,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from streamlake import config
-from streamlake.delta.table import TableSpec, ensure_table, open_table, snapshot_files, table_exists
+from streamlake.delta.table import (
+    TableSpec,
+    delta_options,
+    ensure_table,
+    open_table,
+    parquet_dataset,
+    snapshot_files,
+    table_exists,
+)
+from streamlake.storage.lake import platform_root
+from streamlake.storage.location import is_object_store, join, require_safe_commits, storage_options
 
 OPERATIONS = TableSpec(
     name="operations",
@@ -29,29 +46,56 @@ OPERATIONS = TableSpec(
 
 
 def platform_table_path(name: str) -> str:
-    return str(config.home() / "data" / "_platform" / name)
+    return join(platform_root(), name)
+
+
+def append_rows(spec: TableSpec, rows: Iterable[Mapping]) -> int:
+    """Append ``rows`` to the platform table ``spec`` in one Delta commit (creating the
+    table if needed); returns how many. A blind append: writers at the same time each
+    get a version of their own and none loses another's rows. Raises UnsafeStoreError,
+    before writing anything, where the store cannot refuse a second commit of a version."""
+    from deltalake import write_deltalake
+
+    rows = [dict(r) for r in rows]
+    if not rows:
+        return 0
+    path = platform_table_path(spec.name)
+    options = writable_options(path)
+    ensure_table(path, spec, options)
+    write_deltalake(path, pa.Table.from_pylist(rows, schema=spec.schema), mode="append", storage_options=options)
+    return len(rows)
+
+
+def writable_options(path: str) -> dict[str, str] | None:
+    """delta-rs options to commit to the platform table at ``path``. Raises
+    UnsafeStoreError on an object store where two writers could commit one version."""
+    if is_object_store(path):
+        require_safe_commits(storage_options(path))
+    return delta_options(path, None)
 
 
 def append_row(spec: TableSpec, row: Mapping) -> None:
-    from deltalake import write_deltalake
+    append_rows(spec, [row])
 
+
+def platform_rows(spec: TableSpec, filter_expr=None, columns: list[str] | None = None) -> pa.Table | None:
+    """The rows of the platform table ``spec`` (its latest snapshot), filtered with a
+    pyarrow expression; None if the table does not exist or has no data yet."""
     path = platform_table_path(spec.name)
-    ensure_table(path, spec)
-    write_deltalake(path, pa.Table.from_pylist([dict(row)], schema=spec.schema), mode="append")
+    if not table_exists(path):
+        return None
+    files = snapshot_files(open_table(path))
+    if not files:
+        return None
+    return parquet_dataset(files, spec.schema).to_table(columns=columns, filter=filter_expr)
 
 
 def read_rows(spec: TableSpec, order_by: str, limit: int = 50, **equals) -> list[dict]:
     """Rows of a platform table, newest (largest ``order_by``) first, filtered by equality."""
-    import pyarrow.dataset as ds
-
-    path = platform_table_path(spec.name)
-    if not table_exists(path):
+    table = platform_rows(spec)
+    if table is None:
         return []
-    files = snapshot_files(open_table(path))
-    if not files:
-        return []
-    rows = ds.dataset(files, format="parquet", schema=spec.schema).to_table().to_pylist()
-    rows = [r for r in rows if all(r.get(k) == v for k, v in equals.items() if v is not None)]
+    rows = [r for r in table.to_pylist() if all(r.get(k) == v for k, v in equals.items() if v is not None)]
     rows.sort(key=lambda r: r[order_by], reverse=True)
     return rows[:limit]
 

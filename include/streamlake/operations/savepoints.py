@@ -186,16 +186,6 @@ def savepoint_location(job: JobSpec, savepoint_id: str, target: str | None = Non
     return join(job.root, "_savepoints", savepoint_id) if is_object_store(job.root) else ""
 
 
-def require_local_root(job: JobSpec, what: str, instead: str = "") -> None:
-    """Raise SavepointError for a job whose root is on an object store, where ``what`` is not
-    built yet, before anything is done; ``instead`` says what the user can do."""
-    from streamlake.storage.location import is_object_store
-
-    if is_object_store(job.root):
-        raise SavepointError(f"job {job.name}: its root {job.root} is on an object store, where {what} is not "
-                             f"supported yet; nothing was done" + (f" ({instead})" if instead else ""))
-
-
 def create_savepoint(job: JobSpec, *, stop: bool = False, timeout_s: float = 180.0, note: str = "",
                      target: str | None = None) -> SavepointManifest:
     """Take a savepoint of ``job`` at micro-batch boundaries; stop the job after it if ``stop``.

@@ -92,15 +92,6 @@ def job_mode(job_name: str) -> str | None:
     return load_job(job_name).control.read_state().get("mode")
 
 
-def refuse_rescale_on_a_store(job_name: str) -> None:
-    """Raise SavepointError, before anything is paused, for a job on an object store: a rescale
-    (stop-with-savepoint, new resources, restore) has not been run on one yet."""
-    from streamlake.operations.jobs import load_job
-    from streamlake.operations.savepoints import require_local_root
-
-    require_local_root(load_job(job_name), "a rescale", "savepoints and restores of it work")
-
-
 def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int | None, executor_cores: int | None,
                   min_partitions: int | None, max_offsets_per_trigger: int | None,
                   gold_partitions: int | None = None) -> dict:

@@ -1,9 +1,9 @@
 """The ``quality_results`` platform table, and the queries the UI and the CLI make of it.
 
-One row per expectation per validation, appended under
-``$STREAMLAKE_HOME/data/_platform/quality_results`` (next to
-``consistency_checks``; blind Delta appends, so concurrent tasks do not
-conflict). A *validation* is one suite run on one table's rows; a *run* is
+One row per expectation per validation, appended under the platform root
+(:mod:`streamlake.operations.records`: ``$STREAMLAKE_HOME/data/_platform`` or an
+object-store URI), next to ``consistency_checks``; blind Delta appends, so
+concurrent tasks do not conflict. A *validation* is one suite run on one table's rows; a *run* is
 one operation's validations (:func:`streamlake.quality.validate.validate_operation`).
 
 Columns: ``run_id``, ``validation_id``, ``operation``, ``validated_at``,
@@ -26,14 +26,8 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
-from streamlake.delta.table import (
-    TableSpec,
-    ensure_table,
-    open_table,
-    snapshot_files,
-    table_exists,
-)
-from streamlake.operations.records import platform_table_path
+from streamlake.delta.table import TableSpec
+from streamlake.operations.records import append_rows, platform_rows
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -57,35 +51,18 @@ STATUSES = ("FAIL", "WARN", "PASS")
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-def results_path() -> str:
-    return platform_table_path(QUALITY_RESULTS.name)
-
-
 def append_results(rows: Iterable[Mapping]) -> int:
-    """Append rows (one Delta commit); returns how many."""
-    from deltalake import write_deltalake
-
-    rows = [dict(r) for r in rows]
-    if not rows:
-        return 0
-    path = results_path()
-    ensure_table(path, QUALITY_RESULTS)
-    write_deltalake(path, pa.Table.from_pylist(rows, schema=QUALITY_RESULTS.schema), mode="append")
-    return len(rows)
+    """Append rows (one Delta commit, a blind append); returns how many. Raises
+    UnsafeStoreError, writing nothing, on a store without safe commits."""
+    return append_rows(QUALITY_RESULTS, rows)
 
 
 def read_results(**equals) -> list[dict]:
     """Every recorded row, newest validation first, filtered by equality (None: any)."""
-    import pyarrow.dataset as ds
-
-    path = results_path()
-    if not table_exists(path):
+    table = platform_rows(QUALITY_RESULTS)
+    if table is None:
         return []
-    files = snapshot_files(open_table(path))
-    if not files:
-        return []
-    rows = ds.dataset(files, format="parquet", schema=QUALITY_RESULTS.schema).to_table().to_pylist()
-    rows = [r for r in rows if all(r.get(k) == v for k, v in equals.items() if v is not None)]
+    rows = [r for r in table.to_pylist() if all(r.get(k) == v for k, v in equals.items() if v is not None)]
     rows.sort(key=lambda r: (r["validated_at"], r["validation_id"]), reverse=True)
     return rows
 
