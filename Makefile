@@ -26,11 +26,22 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -m fast --durations=10
 
+# LAKE=s3: the lake (every pipeline's tables, the platform's own) on a local S3 server
+# (s3://lake), with a home of its own (.streamlake-s3) so it never mixes with the local lake's jobs.
+LAKE ?= local
+S3_HOME := $(CURDIR)/.streamlake-s3
+
 run: setup
-	$(BIN)/streamlake platform
+ifeq ($(LAKE),s3)
+	STREAMLAKE_HOME=$${STREAMLAKE_HOME:-$(S3_HOME)} $(BIN)/streamlake platform --lake s3
+else
+	$(BIN)/streamlake platform --lake $(LAKE)
+endif
 
 stop:
 	@if [ -x $(BIN)/streamlake ]; then $(BIN)/streamlake stop; else echo "nothing to stop (no .venv)"; fi
+	@if [ -x $(BIN)/streamlake ] && [ -z "$$STREAMLAKE_HOME" ] && [ -d $(S3_HOME)/run ]; then \
+		STREAMLAKE_HOME=$(S3_HOME) $(BIN)/streamlake stop; fi
 
 bench: setup
 	$(BIN)/python bench/ingest_bench.py

@@ -252,6 +252,49 @@ def test_the_s3_command_starts_the_local_server_with_a_bucket_and_stops_it(tmp_p
     assert cli("s3", "status", env=env, timeout=30)[0] == 1
 
 
+def test_make_run_with_the_lake_on_s3_starts_the_local_server_and_points_every_later_service_at_it(
+        tmp_path, monkeypatch):
+    """`make run LAKE=s3` (`streamlake platform --lake s3`), before its other services: the local
+    S3 server with the bucket ``lake``; this process's environment (inherited by the broker,
+    the producers, the Spark cluster and Airflow) puts each defined pipeline at
+    ``s3://lake/<name>`` and the platform's tables at ``s3://lake/_platform``, where a write
+    lands (read back by the test with pyarrow); ``lake.env`` gives a shell the same settings;
+    and the state of a previous lake (gone with the previous server: memory only) is archived,
+    not deleted, as for a new broker."""
+    from conftest import _free_port
+    from streamlake.cli.services import start_local_lake
+    from streamlake.operations.jobs import load_job
+    from streamlake.operations.records import record_operation
+    from streamlake.platform import object_store
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("STREAMLAKE_HOME", str(home))
+    stale = home / "lakes" / "s3" / "lake" / "sensors" / "_checkpoints"
+    stale.mkdir(parents=True)  # the checkpoints of the previous lake's sensors job
+    settings = object_store.lake_settings(0)
+    for key in settings:
+        monkeypatch.setenv(key, "")  # restored when the test ends: start_local_lake sets them
+    port = _free_port()
+    try:
+        start_local_lake(port)
+        assert {k: os.environ[k] for k in settings} == object_store.lake_settings(port)
+        assert load_job("sensors").root == "s3://lake/sensors"
+        assert load_job("sensors").storage_options["conditional_put"] == "etag"
+        record_operation("lake-test", "sensors", {"port": port})
+        options = object_store.local_options(port)
+        assert table_rows(options, "s3://lake/_platform/operations", ("operation",)).column(0).to_pylist() == [
+            "lake-test"]
+        archived = list((home / "archive").glob("*/lakes/s3/lake/sensors/_checkpoints"))
+        assert archived and not stale.exists(), "the lost lake's checkpoints are archived"
+        shell = subprocess.run(["bash", "-c", f"source {home / 'lake.env'} && env"], capture_output=True, text=True,
+                               env={"PATH": os.environ["PATH"]}, check=True).stdout
+        assert {k: v for k, v in (line.split("=", 1) for line in shell.splitlines() if "=" in line)
+                if k in settings} == object_store.lake_settings(port)
+        assert oct((home / "lake.env").stat().st_mode & 0o777) == "0o600"
+    finally:
+        object_store.stop()
+
+
 def storage_flags(options: dict) -> list[str]:
     return [arg for k, v in options.items() for arg in ("--storage-option", f"{k}={v}")]
 

@@ -84,6 +84,8 @@ def cmd_platform(args) -> int:
     from streamlake.platform import airflow as airflow_setup
 
     pipelines = definition_files()
+    if args.lake == "s3":
+        start_local_lake(args.s3_port)
     _start_broker_and_producers(args, pipelines)
     if not args.no_spark_cluster:
         from dataclasses import replace
@@ -96,7 +98,10 @@ def cmd_platform(args) -> int:
             if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
                 save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
                                  total_executor_cores=1, executor_cores=1))
-    if not args.no_spark_connect:
+    if args.lake == "s3":
+        print("Spark Connect:     not started: a job on an object store runs its checks and backfills as "
+              "spark-submits of its own (its credentials travel in their environment)")
+    elif not args.no_spark_connect:
         server = spark_connect.start(args.spark_connect_port)
         print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation and the "
               f"backfills run on it, no JVM start each")
@@ -113,6 +118,35 @@ def cmd_platform(args) -> int:
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0
+
+
+def start_local_lake(port: int) -> None:
+    """``make run LAKE=s3``: the local S3 server with the bucket ``lake``, and this process's
+    environment (which every service started after inherits) pointing the lake root and the
+    platform's tables at it. The server keeps objects in memory: when it starts anew, the
+    state that described the previous lake is archived as for a new broker. Writes
+    ``$STREAMLAKE_HOME/lake.env`` for a shell's CLI."""
+    import os
+
+    from streamlake.platform import object_store
+    from streamlake.platform.broker_state import archive_for_new_broker
+
+    state = object_store.start(port)
+    settings = object_store.lake_settings(port)
+    object_store.create_bucket(settings["STREAMLAKE_LAKE_ROOT"], object_store.local_options(port))
+    if not state["already_running"]:
+        archived = archive_for_new_broker()
+        if archived:
+            print(f"                   a new local S3 server starts empty (it keeps objects in memory): what "
+                  f"described the previous lake moved to {archived}")
+    os.environ.update(settings)
+    env_file = config.home() / "lake.env"
+    env_file.write_text("".join(f"export {k}='{v}'\n" for k, v in
+                                {config.ENV_HOME: str(config.home()), **settings}.items()))
+    env_file.chmod(0o600)
+    print(f"Lake:              {settings['STREAMLAKE_LAKE_ROOT']} on the local S3 server {state['endpoint']} "
+          f"(moto, memory only; log {state.get('log')}): every pipeline's tables and the platform's own; "
+          f"the CLI on it: source {env_file}")
 
 
 def cmd_demo(args) -> int:
@@ -215,6 +249,12 @@ def add_parsers(sub) -> None:
                     help="Spark Connect server port (the checks after operations run on it)")
     pl.add_argument("--no-spark-connect", action="store_true",
                     help="no Spark Connect server: every check is a spark-submit of its own")
+    pl.add_argument("--lake", choices=["local", "s3"], default="local",
+                    help="where the lake is: local (under STREAMLAKE_HOME) or s3 (a local S3 server, "
+                         "s3://lake; `make run LAKE=s3`)")
+    from streamlake.platform.object_store import DEFAULT_PORT as S3_PORT
+
+    pl.add_argument("--s3-port", type=int, default=S3_PORT, help="port of the local S3 server (--lake s3)")
     _demo_data_arguments(pl, rate=200.0)
     pl.set_defaults(func=cmd_platform)
 

@@ -18,10 +18,11 @@ from streamlake import config
 from streamlake.platform import procs
 
 #: Directories of STREAMLAKE_HOME derived from the broker's topics: the tables, their
-#: checkpoints and the platform's ledgers (data/), savepoints, Data Docs and
-#: validation results (quality/), backfill summaries (backfills/). Job specs, the
-#: Airflow home and logs are not: they stay.
-BROKER_BOUND = ("data", "savepoints", "quality", "backfills")
+#: checkpoints and the platform's ledgers (data/), the checkpoints and control files
+#: of object-store roots (lakes/), savepoints, Data Docs and validation results
+#: (quality/), backfill summaries (backfills/). Job specs, the Airflow home and logs
+#: are not: they stay.
+BROKER_BOUND = ("data", "lakes", "savepoints", "quality", "backfills")
 
 #: Services that read or write that state; it is not moved while one runs.
 USERS = ("airflow", "pipeline")

@@ -87,6 +87,20 @@ def local_options(port: int = DEFAULT_PORT, secret: str = "streamlake-local-secr
             "conditional_put": "etag"}
 
 
+def lake_settings(port: int = DEFAULT_PORT, bucket: str = "lake") -> dict[str, str]:
+    """The environment that puts the lake on this server (``make run LAKE=s3``): every
+    pipeline of the pipelines directory and the platform's own tables under
+    ``s3://<bucket>`` (:mod:`streamlake.storage.lake`), the public options in
+    ``STREAMLAKE_STORAGE_OPTIONS``, the local account's credentials in ``AWS_*``."""
+    from streamlake.storage.lake import ENV_LAKE_ROOT, ENV_STORAGE_OPTIONS
+
+    options = local_options(port)
+    credentials = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    return {ENV_LAKE_ROOT: f"s3://{bucket}",
+            ENV_STORAGE_OPTIONS: ",".join(f"{k}={v}" for k, v in options.items() if k not in credentials),
+            **{k: options[k] for k in credentials}}
+
+
 def create_bucket(uri: str, options) -> None:
     """Create the bucket of ``uri`` (``s3://bucket/...``) if it does not exist."""
     from urllib.parse import urlsplit
