@@ -84,3 +84,27 @@ def run_available_now(spark, cfg) -> dict:
 
     return run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True,
                       report=lambda _line: None, poll_s=0.2)
+
+
+def views_plugin(module_name: str = "streamlake_views_under_test"):
+    """The StreamLake views plugin (plugins/streamlake_views.py) loaded as a module of its own,
+    as Airflow's plugin manager loads it: each call is a separate app."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    return plugin
+
+
+def views_client(plugin=None):
+    """A client of the views app (``plugin``'s, else a new one) as if Airflow had authenticated
+    the user (Airflow's ``get_user`` dependency overridden on that app)."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+
+    plugin = plugin or views_plugin()
+    plugin.app.dependency_overrides[get_user] = lambda: object()
+    return TestClient(plugin.app, root_path="/streamlake")
+

@@ -200,23 +200,15 @@ def test_late_events_view_shows_pending_hours_per_aggregate_and_links_the_prefil
     """StreamLake -> Late events: per aggregate, pending and applied counts per hour, the
     windows they touch, a link to the backfill form filled in for that hour and aggregate;
     after a backfill, nothing pending."""
-    import importlib.util
     from pathlib import Path
 
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
-
+    from helpers import views_client
     from streamlake.operations.jobs import job_for_root, save_job
 
     cfg = with_late_events
     d = cfg.definition
     job = save_job(job_for_root(cfg.root, definition_file=d.source, name=f"view_{Path(cfg.root).parent.name[-20:]}"))
-    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
-    spec = importlib.util.spec_from_file_location("streamlake_views_late", path)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
-    client = TestClient(plugin.app, root_path="/streamlake")
+    client = views_client()
     try:
         hours = client.get(f"/api/late-events?job={job.name}").json()
         for agg in d.aggregates:
@@ -239,4 +231,4 @@ def test_late_events_view_shows_pending_hours_per_aggregate_and_links_the_prefil
         assert sum(h["pending"] for h in after) == 0 and sum(h["applied"] for h in after) > 0
         assert "nothing pending" in client.get(f"/late-events?job={job.name}").text
     finally:
-        plugin.app.dependency_overrides.clear()
+        client.app.dependency_overrides.clear()

@@ -1044,6 +1044,8 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("AIRFLOW_CONN_LAKE_S3", json.dumps(connection))
+    from helpers import views_client
+
     pages = views_client()
     overview = next(p for p in pages.get("/api/pipelines").json() if p["name"] == name)
     for table in ("bronze", "silver", "gold/revenue_5m", "late_events/activity"):
@@ -1061,18 +1063,3 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     html_pages = [r.text for r in responses]
     assert_no_secret(s3, out0, out1, out2, out3, out4, out5, out6, out7, *html_pages,
                      paths=[tmp_path, os.environ["STREAMLAKE_HOME"]])
-
-
-def views_client():
-    """The StreamLake views app in this process, as if Airflow had authenticated the user."""
-    import importlib.util
-
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
-
-    path = Path(__file__).resolve().parents[1] / "plugins" / "streamlake_views.py"
-    spec = importlib.util.spec_from_file_location("streamlake_views_s3", path)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    plugin.app.dependency_overrides[get_user] = lambda: object()
-    return TestClient(plugin.app, root_path="/streamlake")

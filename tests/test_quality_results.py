@@ -10,7 +10,6 @@ its Data Docs route are exercised in-process through FastAPI's test client
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -237,22 +236,15 @@ def test_validate_operation_does_not_revalidate_an_unchanged_table_unless_it_fai
 # -- the UI view and the Data Docs route -----------------------------------------------------------
 
 
-def _plugin():
-    spec = importlib.util.spec_from_file_location("streamlake_views_under_test", ROOT / "plugins" / "streamlake_views.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def ui():
-    from airflow.api_fastapi.core_api.security import get_user
     from fastapi.testclient import TestClient
 
-    plugin = _plugin()
-    logged_in = TestClient(plugin.app, root_path="/streamlake")
-    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
-    anonymous = TestClient(_plugin().app, root_path="/streamlake")  # a separate app: no override
+    from helpers import views_client, views_plugin
+
+    plugin = views_plugin()
+    logged_in = views_client(plugin)
+    anonymous = TestClient(views_plugin().app, root_path="/streamlake")  # a separate app: no override
     yield plugin, logged_in, anonymous
     plugin.app.dependency_overrides.clear()
 

@@ -6,7 +6,6 @@ Airflow login itself, in a real browser, is tests/test_live_platform.py)."""
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -18,15 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def client():
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.testclient import TestClient
+    from helpers import views_client
 
-    spec = importlib.util.spec_from_file_location("streamlake_views_html", ROOT / "plugins" / "streamlake_views.py")
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    plugin.app.dependency_overrides[get_user] = lambda: object()  # as if Airflow had authenticated the user
-    yield TestClient(plugin.app, root_path="/streamlake")
-    plugin.app.dependency_overrides.clear()
+    client = views_client()
+    yield client
+    client.app.dependency_overrides.clear()
 
 
 def _rows(page: str, cls: str) -> list[str]:
