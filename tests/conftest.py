@@ -56,6 +56,17 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "streamlake-local")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "streamlake-local-secret")
 
 
+@pytest.fixture(autouse=True)
+def _remembered_storage_options_stay_in_their_test(monkeypatch):
+    """The storage options a test makes this process remember for a root (loading a job,
+    the lake settings: ``remember_options``) are forgotten after it. They would otherwise
+    reach every later test's tables under that root: a test that remembered ``s3://lake``
+    with its own, since stopped, S3 server's endpoint sent later tests there."""
+    from streamlake.storage import location
+
+    monkeypatch.setattr(location, "_REMEMBERED", dict(location._REMEMBERED))
+
+
 @pytest.fixture(scope="session")
 def broker():
     """The embedded broker on a free port; STREAMLAKE_KAFKA_BOOTSTRAP points at it."""

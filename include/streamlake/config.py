@@ -7,6 +7,10 @@
 ``STREAMLAKE_HOME``
     Runtime directory for pid files, logs and the demo's tables. Default:
     ``.streamlake`` in the project checkout.
+
+Where the lake and the platform's own tables are (``STREAMLAKE_LAKE_ROOT``,
+``STREAMLAKE_PLATFORM_ROOT``, ``STREAMLAKE_STORAGE_OPTIONS``) is read by
+:mod:`streamlake.storage.lake`, beside the storage options it needs.
 """
 
 from __future__ import annotations
