@@ -527,35 +527,62 @@ def executors_of(work_dir: Path) -> list:
     return found
 
 
-def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s: float = 180) -> str:
+def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s: float = 180,
+                                    attempts: int = 5) -> str:
     """SIGKILL an executor of the worker at ``work_dir`` (and its Python workers) at a moment the
-    driver's REST API shows it running a task, mid-batch. Returns its executor id."""
+    driver's REST API shows it running a task, mid-batch; if its task ended between the look and
+    the kill (the driver then counts no failed task on it), kill the worker's next executor the
+    same way, up to ``attempts`` times (a failed task of any stage is the driver's sign that one
+    was lost). Returns the id of the executor that lost a task."""
     import urllib.request
 
     import psutil
 
     api = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+
+    def get(path: str):
+        with urllib.request.urlopen(f"{api}{path}", timeout=2) as resp:
+            return json.load(resp)
+
+    def failed_tasks(app: str) -> int:
+        return sum(stage.get("numFailedTasks", 0) for stage in get(f"/{app}/stages"))
+
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and job.poll() is None:
+    killed: list[str] = []
+    while time.monotonic() < deadline and job.poll() is None and len(killed) < attempts:
         try:
-            with urllib.request.urlopen(api, timeout=2) as resp:
-                app = json.load(resp)[0]["id"]
-            with urllib.request.urlopen(f"{api}/{app}/executors", timeout=2) as resp:
-                busy = {e["id"] for e in json.load(resp) if e.get("activeTasks", 0) > 0}
+            app = get("")[0]["id"]
+            busy = {e["id"] for e in get(f"/{app}/executors") if e.get("activeTasks", 0) > 0}
+            failed_before = failed_tasks(app)
         except (OSError, ValueError, IndexError, KeyError):  # the driver's UI not up yet
             time.sleep(0.2)
             continue
         for executor in executors_of(work_dir):
             try:
                 cmd = executor.cmdline()
-                if cmd[cmd.index("--executor-id") + 1] in busy:
+                executor_id = cmd[cmd.index("--executor-id") + 1]
+                if executor_id in busy:
                     for proc in [executor, *executor.children(recursive=True)]:
                         proc.send_signal(signal.SIGKILL)
-                    return cmd[cmd.index("--executor-id") + 1]
+                    killed.append(executor_id)
+                    break
             except (psutil.NoSuchProcess, ValueError):
                 continue
-        time.sleep(0.05)
-    raise AssertionError(f"no executor of {work_dir} ran a task while the job ran")
+        else:
+            time.sleep(0.05)
+            continue
+        lost = time.monotonic() + 30  # the driver notices the lost executor and fails its tasks
+        while time.monotonic() < lost and job.poll() is None:
+            try:
+                if failed_tasks(app) > failed_before:
+                    return killed[-1]
+                gone = [e for e in get(f"/{app}/allexecutors") if e["id"] == killed[-1] and not e["isActive"]]
+            except (OSError, ValueError, KeyError):
+                gone = []
+            if gone and time.monotonic() > lost - 20:
+                break  # removed 10 s ago and no task failed: its task had ended before the kill
+            time.sleep(0.5)
+    raise AssertionError(f"no executor of {work_dir} was killed while it ran a task (killed: {killed})")
 
 
 @pytest.fixture
