@@ -6,8 +6,11 @@ so Airflow builds its ``ingest_<job>`` and ``backfill_<job>`` DAGs as it does fo
 ``pipelines/``. One `airflow dags test` runs at a time (the metadata DB is
 SQLite); jobs that must keep running meanwhile are started continuously by a DAG
 run or the CLI in the background. The proofs after each operation run on the test
-session's Spark Connect server (as on `make run`); the first ingest proves the
-spark-submit fallback when no server answers.
+session's Spark Connect server (as on `make run`). Ingest, savepoint, more data and
+restore through the DAGs are proven on S3 (test_object_storage's DAG test, with the
+manifest, the RESTORE commits and the recorded checks) and on the running platform
+through the forms (test_live_platform); the fallback to spark-submit where no server
+answers is test_dags'.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ import pytest
 import yaml
 
 from conftest import SPARK_CONNECT_PORT, _free_port
-from helpers import EXAMPLES, delta_log_entries, run_available_now
+from helpers import EXAMPLES, run_available_now
 from streamlake.delta.table import open_table, read_table
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import TopicPartition
 from streamlake.operations.audit import audit_offsets
 from streamlake.operations.jobs import JobSpec, load_job, save_job
 from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
-from streamlake.pipeline.schemas import gold_spec, silver_spec
+from streamlake.pipeline.schemas import gold_spec
 
 pytestmark = pytest.mark.slow
 STREAMLAKE = str(Path(sys.executable).parent / "streamlake")
@@ -48,15 +51,13 @@ def airflow(broker):
     return broker
 
 
-def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool = False, timeout: float = 900,
-              connect: bool = True):
+def dags_test(dag_id: str, conf: dict, env: dict | None = None, background: bool = False, timeout: float = 900):
     """`airflow dags test` of ``dag_id``. Its proofs run on the test session's Spark Connect
-    server (conftest's ``spark`` fixture serves it), as on `make run`; ``connect=False`` points
-    ``spark_connect_default`` at a port nobody listens on: the proofs fall back to spark-submit."""
+    server (conftest's ``spark`` fixture serves it), as on `make run`."""
     from streamlake.platform.airflow import airflow_env, airflow_executable
 
     cmd = [airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)]
-    airflow = airflow_env(connect_port=SPARK_CONNECT_PORT if connect else _free_port())
+    airflow = airflow_env(connect_port=SPARK_CONNECT_PORT)
     full_env = {**airflow, "STREAMLAKE_PIPELINES": os.environ["STREAMLAKE_PIPELINES"], **(env or {})}
     if background:
         return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -123,62 +124,6 @@ def gold_of(spark, job: JobSpec, columns=("sensor_id", "window_start", "count", 
     return {tuple(r) for r in rows.select(*columns).collect()}
 
 
-def test_ingest_savepoint_more_data_restore_ingest(airflow, spark, produce, topic_name, tmp_path):
-    from streamlake.operations.consistency import recent_checks
-    from streamlake.operations.savepoints import list_savepoints
-
-    job = define_job(tmp_path, f"flow-{topic_name}", topic_name, max_offsets_per_trigger=400)
-    produce(topic_name, 1500, seed=1, malformed_fraction=0.05, duplicate_fraction=0.05)
-    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"}, connect=False)
-    assert code == 0, out[-4000:]
-    assert "EXACTLY ONCE: 1500 rows" in out and "EVERY BRONZE ROW ONCE" in out and "GOLD EQUALS RECOMPUTE" in out
-    assert "does not answer: spark-submit" in out, "no Spark Connect server: the proofs ran with spark-submit"
-
-    code, out = dags_test("savepoint", {"job": job.name, "stop": False})
-    assert code == 0, out[-4000:]
-    assert "on the Spark Connect server sc://" in out, "the savepoint's proof ran as a Spark Connect client"
-    savepoint = list_savepoints(job.name)[0]
-    assert savepoint.offsets() == committed_offsets(open_table(job.table), savepoint.offsets())
-    assert set(savepoint.versions()) == set(job.definition.table_names())
-    assert set(savepoint.checkpoints) == {"bronze", "silver", "gold"}
-    assert savepoint.definition == job.definition.to_dict(), "the savepoint holds the definition it was built with"
-    silver = silver_spec(job.definition)
-    silver_at_savepoint = read_table(spark, job.table_path("silver"), silver).count()
-    gold_at_savepoint = gold_of(spark, job)
-
-    # More data after the savepoint, through the job's stages in the test's SparkSession (what
-    # the scheduled run above did; its JVM start proves nothing new), so the restore rolls back.
-    produce(topic_name, 700, seed=2, malformed_fraction=0.05)
-    run_available_now(spark, load_job(job.name).pipeline_config())
-    assert_every_stage(spark, job, 2200)
-    assert read_table(spark, job.table_path("silver"), silver).count() > silver_at_savepoint
-
-    code, out = dags_test("restore", {"savepoint_id": savepoint.id})
-    assert code == 0, out[-4000:]
-    assert "[restore] job" in out and "EXACTLY ONCE: 1500 rows" in out and "offsets match the expected ones" in out
-    assert "restored__" in out, "the restore starts the job from the restored state (a run of its ingest DAG)"
-    # That run, as the scheduler would run it (`dags test` does not run triggered runs):
-    # the 700 records after the savepoint flow through every stage again, checked.
-    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "resumes": "restore"})
-    assert code == 0 and "EXACTLY ONCE: 2200 rows" in out, out[-4000:]
-    assert f"pipeline.py of job {job.name} on the Spark Connect server sc://" in out, \
-        "the available-now run ran as a client of the test session's Spark Connect server"
-    assert "bronze batch" in out and "pipeline finished: bronze 700 rows" in out, out[-4000:]
-    assert "[restore] job" in out, "the resumed run's checks are recorded under the restore"
-    for table in ("bronze", "silver", "gold/per_minute"):
-        restores = [a["commitInfo"] for c in delta_log_entries(job.table_path(table)) for a in c
-                    if "commitInfo" in a and a["commitInfo"]["operation"] == "RESTORE"]
-        assert len(restores) == 1, f"{table}: the restore is a new commit, history is kept"
-
-    accounting = assert_every_stage(spark, job, 2200)
-    assert accounting.bronze_rows == 2200
-    assert gold_of(spark, job) != gold_at_savepoint  # the stream went on after the restore
-    done = {(c["operation"], c.get("kind")): c["verdict"] for c in recent_checks(100, job.name)}
-    assert set(done.values()) == {"PASS"}, done
-    assert {op for op, _ in done} >= {"ingest-scheduled", "savepoint", "restore"}
-    assert {kind for _, kind in done} == {"kafka-audit", "pipeline-accounting", "gold"}
-
-
 def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(airflow, spark, produce, topic_name,
                                                                               tmp_path):
     from streamlake.errors import StreamLakeError
@@ -222,9 +167,6 @@ def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(ai
 
 
 def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, produce, topic_name, tmp_path):
-    from streamlake.operations.control import JobControl
-    from streamlake.pipeline.driver import run_stages
-
     job = define_job(tmp_path, f"flaky-{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 300, seed=6)
     code, out = dags_test(f"ingest_{job.name}", {
@@ -236,9 +178,13 @@ def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, p
     assert "failure-rate: 1 of at most 1 failures" in out, restarts
     assert "GaveUp: giving up after 2 run(s): failure-rate: 2 failures within 600s exceeds the maximum of 1; " \
            "last failure: killed by SIGKILL" in out, restarts
-    # Nothing the crashes interrupted is lost or doubled once the job runs again.
-    cfg = job.pipeline_config()
-    run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True, report=lambda _: None)
+    # Nothing the crashes interrupted is lost or doubled once the job runs again: the ingest
+    # DAG's available-now run, a client of the test session's Spark Connect server (the job has
+    # no Spark resources of its own), then its proofs.
+    code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled"})
+    assert code == 0, out[-4000:]
+    assert f"pipeline.py of job {job.name} on the Spark Connect server sc://" in out, out[-4000:]
+    assert "EXACTLY ONCE: 300 rows" in out and "EVERY BRONZE ROW ONCE" in out and "GOLD EQUALS RECOMPUTE" in out
     assert_every_stage(spark, job, 300)
 
 

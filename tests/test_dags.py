@@ -107,6 +107,32 @@ def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     assert "spark.cores.max" in local.needs_own_jvm(with_resources)
 
 
+def test_a_check_falls_back_to_spark_submit_where_no_spark_connect_server_answers(monkeypatch, capsys):
+    """The proof after an operation is a Spark Connect client where the connection's server
+    answers (test_live_platform, test_airflow_e2e); where the connection is not defined, or its
+    server does not answer, it is a spark-submit, and the task log says why (the spark-submit
+    verify itself runs in test_object_storage's DAG test, whose S3 job needs a JVM of its own)."""
+    import json
+    import socket
+
+    from streamlake.orchestration.operators import JobVerifyOperator
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+                       json.dumps({"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": port}))
+    verify = JobVerifyOperator(task_id="verify", job_name="j", operation="savepoint")
+    assert verify._connect_url() is None
+    log = capsys.readouterr().out  # the task log (Airflow's structlog writes to stdout here)
+    assert f"(sc://127.0.0.1:{port}/) does not answer: spark-submit" in log, log
+    undefined = JobVerifyOperator(task_id="verify2", job_name="j", operation="savepoint",
+                                  spark_connect_conn_id="no_such_connect")
+    assert undefined._connect_url() is None
+    log = capsys.readouterr().out
+    assert "no Spark Connect connection 'no_such_connect'" in log and "spark-submit" in log, log
+
+
 def test_restore_form_suggests_existing_savepoints_and_defaults_to_the_newest(tmp_path):
     """The restore DAG's savepoint_id param suggests the savepoints on disk, newest first, and
     is optional: empty restores the newest savepoint of the chosen pipeline."""

@@ -977,6 +977,8 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
     from streamlake.operations.jobs import JobSpec, load_job, save_job
+    from streamlake.delta.txn import committed_offsets
+    from streamlake.operations.consistency import recent_checks
     from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.definition import load_definition
     from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
@@ -1041,6 +1043,15 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     out3 = dags_test("savepoint", {"job": name})
     savepoint = list_savepoints(name)[0]
     assert savepoint.location == f"{root}/_savepoints/{savepoint.id}", savepoint.location
+    # The manifest: bronze's offsets as its commits record them, every table's version, each
+    # stage's checkpoint and the definition the tables were built with.
+    options = dict(storage_options(root, s3, env={}))
+    definition = load_definition(definition_file)
+    assert savepoint.offsets() == committed_offsets(DeltaTable(f"{root}/bronze", storage_options=options),
+                                                    savepoint.offsets())
+    assert set(savepoint.versions()) == set(definition.table_names())
+    assert set(savepoint.checkpoints) == {"bronze", "silver", "gold"}
+    assert savepoint.definition == definition.to_dict(), "the savepoint holds the definition it was built with"
     more = live_producer(topic_name, partitions=3, count=90, seed=32, definition=load_definition(definition_file))
     more.wait_delivered(90, timeout_s=60)
     more.stop()
@@ -1048,8 +1059,17 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     assert f"EXACTLY ONCE: {len(producer.records) + 90} rows" in out4, out4[-4000:]
     # the proof after an operation is incremental: only the files added since the last proof
     assert "incremental from the proof" in out4, out4[-4000:]
+    moved = {t for t, v in savepoint.versions().items()
+             if DeltaTable(f"{root}/{t}", storage_options=options).version() > v}
+    assert {"bronze", "silver"} <= moved, moved
     out5 = dags_test("restore", {"job": name, "savepoint_id": savepoint.id})
-    assert f"EXACTLY ONCE: {len(producer.records)} rows" in out5, out5[-4000:]
+    for proof in ("[restore] job", f"EXACTLY ONCE: {len(producer.records)} rows",
+                  "offsets match the expected ones", "restored__"):  # the restore starts the job's run
+        assert proof in out5, (proof, out5[-4000:])
+    for table in savepoint.versions():  # a restore is a new commit: history is kept
+        restores = [c for c in DeltaTable(f"{root}/{table}", storage_options=options).history()
+                    if c.get("operation") == "RESTORE"]
+        assert len(restores) == (table in moved), (table, restores)
     assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)
     assert sorted(table_rows(s3, f"{root}/silver", (load_definition(definition_file).event_id,)).column(0)
                   .to_pylist()) == sorted(events), "silver is back at the savepoint"
@@ -1063,8 +1083,13 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     out7 = dags_test(f"ingest_{name}", {"mode": "scheduled", "spark_conn_id": "spark_default",
                                         "resumes": "rescale"})
     for proof in (f"EXACTLY ONCE: {len(producer.records) + 90} rows", "[rescale] job", "EVERY BRONZE ROW ONCE",
-                  "GOLD EQUALS RECOMPUTE"):
+                  "GOLD EQUALS RECOMPUTE", "pipeline finished: bronze 90 rows"):
         assert proof in out7, (proof, out7[-4000:])
+    # Every check after every operation is recorded and passed (the ledger's view of this job).
+    done = {(c["operation"], c.get("kind")): c["verdict"] for c in recent_checks(100, name)}
+    assert set(done.values()) == {"PASS"}, done
+    assert {op for op, _ in done} >= {"ingest-scheduled", "savepoint", "restore", "rescale"}, done
+    assert {kind for _, kind in done} == {"kafka-audit", "pipeline-accounting", "gold"}, done
     rescaled = load_job(name)
     assert (rescaled.min_partitions, rescaled.max_offsets_per_trigger, rescaled.gold_partitions) == (6, 200, 3)
     assert_silver_and_gold_hold(s3, root, definition_file, events, more, "after the rescale")
