@@ -968,8 +968,11 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     in Airflow's environment: the credentials and the endpoint come from an Airflow connection
     of type aws (the job's storage connection). The run and its proof (verify) are processes
     of their own with them in their environment; the tables equal what the test produced and
-    its own aggregate (after the backfill: of every event), and no credential is in the output
-    or anywhere under STREAMLAKE_HOME (Airflow's database and task logs included)."""
+    its own aggregate (after the backfill: of every event), the savepoint's manifest holds
+    bronze's offsets, every table's version, each stage's checkpoint and the definition, the
+    restore adds one RESTORE commit to each table that moved past it, every check recorded for
+    the job passed, and no credential is in the output or anywhere under STREAMLAKE_HOME
+    (Airflow's database and task logs included)."""
     import oracle
     import yaml
 
