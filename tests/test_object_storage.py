@@ -691,12 +691,13 @@ def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_execu
     # The root's job recorded the options given, without the secrets: `check` and `backfill --root`
     # need only the credentials, from the environment, as a user's shell has them.
     credentials = {k: s3[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    # (the check in a local JVM: the cluster's executors already read and wrote the store above)
+    # (the check and the backfill in a local JVM: the cluster's executors already read and wrote
+    # the store above, gold's files included; two executor JVMs fewer each)
     code, out3 = cli("check", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
     assert code == 0, out3[-3000:]
     for proof in (f"EXACTLY ONCE: {len(records)} rows", "EVERY BRONZE ROW ONCE", "GOLD EQUALS RECOMPUTE"):
         assert proof in out3, (proof, out3[-3000:])
-    code, out4 = cli("backfill", "--root", root, "--master", master, env=credentials, timeout=400)
+    code, out4 = cli("backfill", "--root", root, "--master", "local[2]", env=credentials, timeout=400)
     assert code == 0 and "restated" in out4, out4[-3000:]
     for agg in definition.aggregates:  # every late event applied: gold is the aggregate of every event
         gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
