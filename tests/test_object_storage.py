@@ -531,9 +531,11 @@ def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s
                                     attempts: int = 5) -> str:
     """SIGKILL an executor of the worker at ``work_dir`` (and its Python workers) at a moment the
     driver's REST API shows it running a task, mid-batch; if its task ended between the look and
-    the kill (the driver then counts no failed task on it), kill the worker's next executor the
-    same way, up to ``attempts`` times (a failed task of any stage is the driver's sign that one
-    was lost). Returns the id of the executor that lost a task."""
+    the kill, kill the worker's next executor the same way, up to ``attempts`` times. The sign
+    that a task was lost is the driver's own record of a failed task of that executor with
+    ``ExecutorLostFailure`` as its reason: another executor's task failing to fetch the killed
+    one's shuffle output (``FetchFailed``) is not one. Returns the id of the executor that lost
+    a task."""
     import urllib.request
 
     import psutil
@@ -544,8 +546,13 @@ def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s
         with urllib.request.urlopen(f"{api}{path}", timeout=2) as resp:
             return json.load(resp)
 
-    def failed_tasks(app: str) -> int:
-        return sum(stage.get("numFailedTasks", 0) for stage in get(f"/{app}/stages"))
+    def lost_tasks(app: str, executor_id: str) -> list[str]:
+        """The reasons of the failed tasks the driver records for ``executor_id``, ExecutorLostFailure only."""
+        return [task.get("errorMessage", "")
+                for stage in get(f"/{app}/stages") if stage.get("numFailedTasks", 0)
+                for task in get(f"/{app}/stages/{stage['stageId']}/{stage['attemptId']}/taskList"
+                                "?status=failed&length=100")
+                if task.get("executorId") == executor_id and "ExecutorLostFailure" in task.get("errorMessage", "")]
 
     deadline = time.monotonic() + timeout_s
     killed: list[str] = []
@@ -553,7 +560,6 @@ def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s
         try:
             app = get("")[0]["id"]
             busy = {e["id"] for e in get(f"/{app}/executors") if e.get("activeTasks", 0) > 0}
-            failed_before = failed_tasks(app)
         except (OSError, ValueError, IndexError, KeyError):  # the driver's UI not up yet
             time.sleep(0.2)
             continue
@@ -574,13 +580,15 @@ def kill_an_executor_running_a_task(work_dir: Path, ui_port: int, job, timeout_s
         lost = time.monotonic() + 30  # the driver notices the lost executor and fails its tasks
         while time.monotonic() < lost and job.poll() is None:
             try:
-                if failed_tasks(app) > failed_before:
+                reasons = lost_tasks(app, killed[-1])
+                if reasons:
+                    print(f"executor {killed[-1]} killed; its lost tasks, as the driver records them: {reasons[:3]}")
                     return killed[-1]
                 gone = [e for e in get(f"/{app}/allexecutors") if e["id"] == killed[-1] and not e["isActive"]]
             except (OSError, ValueError, KeyError):
                 gone = []
             if gone and time.monotonic() > lost - 20:
-                break  # removed 10 s ago and no task failed: its task had ended before the kill
+                break  # removed 10 s ago and none of its tasks lost: its task had ended before the kill
             time.sleep(0.5)
     raise AssertionError(f"no executor of {work_dir} was killed while it ran a task (killed: {killed})")
 
@@ -999,12 +1007,13 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
         aggregate["allowed_lateness"] = "5s"
     definition_file = pipelines / f"{name}.yaml"
     definition_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    definition = load_definition(definition_file)  # the file does not change in this test
     root = f"s3://lake/{name}"
     save_job(JobSpec(name=name, root=root, definition_file=str(definition_file), max_offsets_per_trigger=300,
                      storage_options={"conditional_put": "etag"}, storage_conn_id="lake_s3"))
     ensure_topic(client_config(), topic_name, 3)
     producer = live_producer(topic_name, partitions=3, rate=15, seed=31,
-                             definition=load_definition(definition_file), late_fraction=0.08,
+                             definition=definition, late_fraction=0.08,
                              out_of_order_seconds=5, malformed_fraction=0.08, duplicate_fraction=0.05)
     producer.wait_delivered(300, timeout_s=120)
 
@@ -1037,7 +1046,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     # the backfill DAG applies every pending late event: gold is then the aggregate of every event
     out2 = dags_test(f"backfill_{name}", {"all_pending": True})
     raw = oracle.load(definition_file)
-    for agg in load_definition(definition_file).aggregates:
+    for agg in definition.aggregates:
         gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
         problems = oracle.compare_gold(oracle.expected_gold(raw, agg.name, list(events.values())), gold,
                                        list(agg.keys))
@@ -1051,13 +1060,12 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     # The manifest: bronze's offsets as its commits record them, every table's version, each
     # stage's checkpoint and the definition the tables were built with.
     options = dict(storage_options(root, s3, env={}))
-    definition = load_definition(definition_file)
     assert savepoint.offsets() == committed_offsets(DeltaTable(f"{root}/bronze", storage_options=options),
                                                     savepoint.offsets())
     assert set(savepoint.versions()) == set(definition.table_names())
     assert set(savepoint.checkpoints) == {"bronze", "silver", "gold"}
     assert savepoint.definition == definition.to_dict(), "the savepoint holds the definition it was built with"
-    more = live_producer(topic_name, partitions=3, count=90, seed=32, definition=load_definition(definition_file))
+    more = live_producer(topic_name, partitions=3, count=90, seed=32, definition=definition)
     more.wait_delivered(90, timeout_s=60)
     more.stop()
     out4 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
@@ -1076,7 +1084,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
                     if c.get("operation") == "RESTORE"]
         assert len(restores) == (table in moved), (table, restores)
     assert table_rows(s3, f"{root}/bronze", ("offset",)).num_rows == len(producer.records)
-    assert sorted(table_rows(s3, f"{root}/silver", (load_definition(definition_file).event_id,)).column(0)
+    assert sorted(table_rows(s3, f"{root}/silver", (definition.event_id,)).column(0)
                   .to_pylist()) == sorted(events), "silver is back at the savepoint"
     # The rescale DAG: stop-with-savepoint (on S3), new settings (two input splits per partition,
     # gold's aggregations on three partitions, smaller micro-batches), then the job's run on them
@@ -1113,7 +1121,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
         expected = DeltaTable(f"{root}/{table}", storage_options=dict(storage_options(root, s3, env={}))).version()
         assert overview["tables"][table] == expected, (table, overview["tables"])
     hours = pages.get(f"/api/late-events?job={name}").json()
-    for agg in load_definition(definition_file).aggregates:
+    for agg in definition.aggregates:
         late = table_rows(s3, f"{root}/{agg.late_table}", ("applied",)).column(0).to_pylist()
         mine = [h for h in hours if h["aggregate"] == agg.name]
         assert sum(h["applied"] for h in mine) == sum(late) and sum(h["pending"] for h in mine) == len(late) - sum(late)
