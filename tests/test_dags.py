@@ -90,8 +90,9 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
 
 def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     """The ingest DAG's available-now run is a Spark Connect client when its connection names a
-    local master and the job has no Spark resources of its own; on the cluster's master, or for
-    a job with resources (``make run``'s, a rescaled one), it is an application of its own."""
+    local master and the job has no Spark resources of its own; on the cluster's master, for
+    a job with resources (``make run``'s, a rescaled one), or on an object store (bronze's files
+    are written by the read tasks there), it is an application of its own."""
     from streamlake.operations.jobs import JobSpec
     from streamlake.orchestration.operators import JobRunOperator
 
@@ -105,13 +106,16 @@ def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     with_resources = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml",
                              total_executor_cores=1, executor_cores=1)
     assert "spark.cores.max" in local.needs_own_jvm(with_resources)
+    on_store = JobSpec(name="j", root="s3://lake/j", definition_file="pipelines/sensors.yaml")
+    assert "only the Kafka read tasks write the files" in local.needs_own_jvm(on_store)
 
 
 def test_a_check_falls_back_to_spark_submit_where_no_spark_connect_server_answers(monkeypatch, capsys):
     """The proof after an operation is a Spark Connect client where the connection's server
     answers (test_live_platform, test_airflow_e2e); where the connection is not defined, or its
     server does not answer, it is a spark-submit, and the task log says why (the spark-submit
-    verify itself runs in test_object_storage's DAG test, whose S3 job needs a JVM of its own)."""
+    verify itself runs in test_object_storage's DAG test: its savepoint's proof, on a server that
+    holds no credentials of the job's store)."""
     import json
     import socket
 
@@ -123,12 +127,12 @@ def test_a_check_falls_back_to_spark_submit_where_no_spark_connect_server_answer
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
                        json.dumps({"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": port}))
     verify = JobVerifyOperator(task_id="verify", job_name="j", operation="savepoint")
-    assert verify._connect_url() is None
+    assert verify._connect_server() is None
     log = capsys.readouterr().out  # the task log (Airflow's structlog writes to stdout here)
     assert f"(sc://127.0.0.1:{port}/) does not answer: spark-submit" in log, log
     undefined = JobVerifyOperator(task_id="verify2", job_name="j", operation="savepoint",
                                   spark_connect_conn_id="no_such_connect")
-    assert undefined._connect_url() is None
+    assert undefined._connect_server() is None
     log = capsys.readouterr().out
     assert "no Spark Connect connection 'no_such_connect'" in log and "spark-submit" in log, log
 
@@ -213,3 +217,22 @@ def test_backfill_range_follows_the_run_type():
     assert scheduled["aggregate"] is None, "a scheduled run repairs every aggregate"
     backfill = backfill_range(form, "backfill", a, b, "backfill__2026-11-22T10:00:00+00:00")
     assert backfill["start"] == a.isoformat() and backfill["run_id"].startswith("bf-backfill")
+
+
+def test_a_job_on_a_store_runs_on_the_server_only_where_it_holds_that_jobs_storage_connection():
+    """A job rooted on S3 goes to the Spark Connect server only where the server's connection
+    declares the job's storage connection (extra ``storage_conn_id``; unnamed: aws_default);
+    the reason names both connections. A local job goes anywhere."""
+    from streamlake.operations.jobs import JobSpec
+    from streamlake.orchestration.operators import JobVerifyOperator
+
+    verify = JobVerifyOperator(task_id="verify", job_name="j", operation="savepoint")
+    on_s3 = JobSpec(name="j", root="s3://lake/j", definition_file="pipelines/sensors.yaml", storage_conn_id="lake")
+    assert verify.store_not_on_server(on_s3, {"storage_conn_id": "lake"}) is None
+    other = verify.store_not_on_server(on_s3, {"storage_conn_id": "aws_default"})
+    assert "the credentials of 'aws_default', not those of 'lake'" in other, other
+    assert "holds no store credentials, not those of 'lake'" in verify.store_not_on_server(on_s3, {})
+    unnamed = JobSpec(name="j", root="s3://lake/j", definition_file="pipelines/sensors.yaml")
+    assert verify.store_not_on_server(unnamed, {"storage_conn_id": "aws_default"}) is None
+    local = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
+    assert verify.store_not_on_server(local, {}) is None

@@ -121,6 +121,26 @@ def test_an_airflow_aws_connection_becomes_the_job_processes_aws_environment():
 
 
 @pytest.mark.fast
+def test_make_run_on_s3_defines_the_lakes_connection_as_the_jobs_read_it_and_no_server_without_spark_connect():
+    """`make run LAKE=s3` defines ``aws_default`` with the local server's account (what a job's
+    tasks then get in their environment equals the lake's credentials and endpoint); with
+    ``--no-spark-connect`` no server is started and no connection declares one."""
+    from argparse import Namespace
+
+    from streamlake.cli.services import _lake_connections
+    from streamlake.orchestration.hooks import connection_environment
+    from streamlake.platform import object_store
+
+    connections = _lake_connections(Namespace(lake="s3", s3_port=9123, no_spark_connect=True))
+    assert set(connections) == {"AIRFLOW_CONN_AWS_DEFAULT"}
+    conn = json.loads(connections["AIRFLOW_CONN_AWS_DEFAULT"])
+    assert conn["conn_type"] == "aws"
+    expected = {k: v for k, v in object_store.local_options(9123).items() if k.startswith("AWS_")}
+    assert connection_environment(conn["login"], conn["password"], conn["extra"]) == expected
+    assert _lake_connections(Namespace(lake="local", s3_port=9123, no_spark_connect=True)) == {}
+
+
+@pytest.mark.fast
 def test_the_views_process_reaches_a_job_store_with_its_connection_and_keeps_it_when_the_job_loads_again(
         monkeypatch):
     """reach_store remembers the connection's credentials for the job's root in this process
@@ -970,13 +990,15 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
 
 @pytest.mark.slow
 def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airflow_connection(
-        s3, live_producer, topic_name, tmp_path, monkeypatch):
+        s3, live_producer, topic_name, tmp_path, monkeypatch, request):
     """`airflow dags test ingest_<job>` of a job rooted on the S3 server, once while its records are
     produced one at a time and once after, then `backfill_<job>`, `savepoint`, another run,
     `restore`, and `rescale` with the run on its new settings, with no AWS_* variable
     in Airflow's environment: the credentials and the endpoint come from an Airflow connection
-    of type aws (the job's storage connection). The run and its proof (verify) are processes
-    of their own with them in their environment; the tables equal what the test produced and
+    of type aws (the job's storage connection). The run, its proof (verify) and the backfill run
+    on a Spark Connect server started with that connection's credentials (as `make run LAKE=s3`
+    starts one) and declared so in `spark_connect_default`, their clients with them in their
+    environment; the tables equal what the test produced and
     its own aggregate (after the backfill: of every event), the savepoint's manifest holds
     bronze's offsets, every table's version, each stage's checkpoint and the definition, the
     restore adds one RESTORE commit to each table that moved past it, every check recorded for
@@ -985,7 +1007,9 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     import oracle
     import yaml
 
-    from conftest import SPARK_CONNECT_PORT
+    from urllib.parse import urlparse
+
+    from conftest import _free_port
     from helpers import EXAMPLES
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
@@ -994,6 +1018,8 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     from streamlake.operations.consistency import recent_checks
     from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.definition import load_definition
+    from streamlake.orchestration.hooks import connection_environment
+    from streamlake.platform import spark_connect
     from streamlake.platform.airflow import airflow_env, airflow_executable, run_airflow
     from deltalake import DeltaTable
 
@@ -1020,23 +1046,31 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     connection = {"conn_type": "aws", "login": s3["AWS_ACCESS_KEY_ID"], "password": s3["AWS_SECRET_ACCESS_KEY"],
                   "extra": {"region_name": s3["AWS_REGION"], "endpoint_url": s3["AWS_ENDPOINT_URL"]}}
     run_airflow("db", "migrate", timeout=300)
-    env = {k: v for k, v in airflow_env(connect_port=SPARK_CONNECT_PORT).items() if not k.startswith("AWS_")}
+    # The platform's server for this lake: the connection's credentials in its environment
+    # (its Python workers read and write the tables' files), declared in its Airflow connection.
+    server = spark_connect.start(_free_port(), store_environment=connection_environment(
+        connection["login"], connection["password"], connection["extra"]), storage_conn_id="lake_s3")
+    request.addfinalizer(spark_connect.stop)
+    env = {k: v for k, v in airflow_env().items() if not k.startswith("AWS_")}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env,
-           "STREAMLAKE_PIPELINES": str(pipelines), "AIRFLOW_CONN_LAKE_S3": json.dumps(connection)}
+           "STREAMLAKE_PIPELINES": str(pipelines), "AIRFLOW_CONN_LAKE_S3": json.dumps(connection),
+           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark_connect.connection(urlparse(server["url"]).port, "lake_s3")}
 
-    def dags_test(dag_id: str, conf: dict) -> str:
+    def dags_test(dag_id: str, conf: dict, **connections: str) -> str:
         done = subprocess.run([airflow_executable(), "dags", "test", dag_id, "-c", json.dumps(conf)],
-                              env=env, capture_output=True, text=True, timeout=900)
+                              env={**env, **connections}, capture_output=True, text=True, timeout=900)
         out = done.stdout + done.stderr
         assert done.returncode == 0, out[-4000:]
         assert "credentials and endpoint from connection 'lake_s3'" in out, out[-4000:]
-        assert "on the Spark Connect server" not in out, "an S3 root's tasks run in processes of their own"
         return out
 
     # One run while the records are being produced (gold's watermark moves on), one after the
     # 300 more produced after it ended (late events are those behind the watermark).
     out0 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
     assert "EVERY BRONZE ROW ONCE" in out0 and "GOLD EQUALS RECOMPUTE" in out0, out0[-4000:]
+    # the proof on the server that holds lake_s3's credentials; the run in a JVM of its own (bronze's fast path)
+    assert f"verify.py of job {name} on the Spark Connect server {server['url']}" in out0, out0[-4000:]
+    assert f"pipeline.py of job {name}: spark-submit, its bronze is on {root}" in out0, out0[-4000:]
     producer.wait_delivered(producer.delivered + 300, timeout_s=120)
     producer.stop()
     out1 = dags_test(f"ingest_{name}", {"mode": "scheduled"})
@@ -1045,6 +1079,7 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     events = assert_tables_equal_what_was_produced(s3, root, definition_file, producer)
     # the backfill DAG applies every pending late event: gold is then the aggregate of every event
     out2 = dags_test(f"backfill_{name}", {"all_pending": True})
+    assert f"backfill.py of job {name} on the Spark Connect server" in out2, out2[-4000:]
     raw = oracle.load(definition_file)
     for agg in definition.aggregates:
         gold = table_rows(s3, f"{root}/{agg.gold_table}", None).to_pylist()
@@ -1054,7 +1089,12 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
     # The savepoint DAG (its task opens the tables in Airflow's worker, with the connection's
     # credentials), more records and a run, then the restore DAG: the tables are back at the
     # savepoint (its verify proves bronze equals the savepoint's offsets).
-    out3 = dags_test("savepoint", {"job": name})
+    # Its proof where the server's connection declares no store: a spark-submit with the credentials.
+    out3 = dags_test("savepoint", {"job": name},
+                     AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=spark_connect.connection(urlparse(server["url"]).port))
+    assert "verify.py of job %s: spark-submit, its tables are on %s and the Spark Connect server of " \
+           "'spark_connect_default' holds no store credentials, not those of 'lake_s3'" % (name, root) in out3, \
+        out3[-4000:]
     savepoint = list_savepoints(name)[0]
     assert savepoint.location == f"{root}/_savepoints/{savepoint.id}", savepoint.location
     # The manifest: bronze's offsets as its commits record them, every table's version, each

@@ -98,15 +98,10 @@ def cmd_platform(args) -> int:
             if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
                 save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
                                  total_executor_cores=1, executor_cores=1))
-    if args.lake == "s3":
-        print("Spark Connect:     not started: a job on an object store runs its checks and backfills as "
-              "spark-submits of its own (its credentials travel in their environment)")
-    elif not args.no_spark_connect:
-        server = spark_connect.start(args.spark_connect_port)
-        print(f"Spark Connect:     {server['url']} ({server['master']}): the checks after every operation and the "
-              f"backfills run on it, no JVM start each")
+    airflow_connections = _lake_connections(args)
     print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
-    info = airflow_setup.start(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port)
+    info = airflow_setup.start(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port,
+                               extra_env=airflow_connections)
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
@@ -118,6 +113,33 @@ def cmd_platform(args) -> int:
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0
+
+
+def _lake_connections(args) -> dict[str, str]:
+    """Start the Spark Connect server unless ``--no-spark-connect`` (idempotent) and return
+    the Airflow connections (``AIRFLOW_CONN_*``) the platform defines beside the fixed ones:
+    with the lake on the local S3 server, ``aws_default`` (its account) and a
+    ``spark_connect_default`` declaring that the server holds that connection's credentials,
+    so the jobs' proofs and backfills go to it (streamlake.platform.spark_connect)."""
+    from streamlake.operations.jobs import DEFAULT_STORAGE_CONN_ID
+    from streamlake.platform import airflow as airflow_setup, object_store
+
+    connections, store = {}, {}
+    if args.lake == "s3":
+        connections[f"AIRFLOW_CONN_{DEFAULT_STORAGE_CONN_ID.upper()}"] = object_store.airflow_connection(args.s3_port)
+        store = {"store_environment": {k: v for k, v in object_store.local_options(args.s3_port).items()
+                                       if k.startswith("AWS_")},
+                 "storage_conn_id": DEFAULT_STORAGE_CONN_ID}
+    if args.no_spark_connect:
+        return connections
+    server = spark_connect.start(args.spark_connect_port, **store)
+    connections[f"AIRFLOW_CONN_{airflow_setup.SPARK_CONNECT_CONN.upper()}"] = \
+        spark_connect.connection(args.spark_connect_port, server["storage_conn_id"])
+    held = f", holding the lake's credentials (connection {server['storage_conn_id']})" \
+        if server["storage_conn_id"] else ""
+    print(f"Spark Connect:     {server['url']} ({server['master']}{held}): the checks after every operation and "
+          f"the backfills run on it, no JVM start each")
+    return connections
 
 
 def start_local_lake(port: int) -> None:

@@ -57,6 +57,9 @@ IDENTITY_FILE = "job.json"
 _RETIRED_FIELDS = ("window", "allowed_lateness", "dedup_horizon")
 
 
+# The Airflow connection of a job on an object store that names none (``job define --storage-conn-id``).
+DEFAULT_STORAGE_CONN_ID = "aws_default"
+
 @dataclass
 class JobSpec:
     name: str
@@ -80,7 +83,7 @@ class JobSpec:
     # an object-store root's storage options as given, never secrets (those stay in the environment)
     storage_options: dict[str, str] = field(default_factory=dict)
     # the Airflow connection (type aws) with the credentials and endpoint of an object-store
-    # root, for the DAGs' tasks (None: aws_default; the CLI reads the environment)
+    # root, for the DAGs' tasks (None: DEFAULT_STORAGE_CONN_ID; the CLI reads the environment)
     storage_conn_id: str | None = None
 
     def __post_init__(self) -> None:

@@ -21,8 +21,7 @@ from typing import Any, Iterator
 
 from airflow.providers.common.compat.sdk import BaseHook
 
-# What the DAGs use unless a job names another (``job define --storage-conn-id``).
-DEFAULT_STORAGE_CONN_ID = "aws_default"
+from streamlake.operations.jobs import DEFAULT_STORAGE_CONN_ID
 
 
 class ObjectStoreHook(BaseHook):

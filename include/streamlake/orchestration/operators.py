@@ -9,10 +9,13 @@ are templated: DAG params choose the job and the master (``spark_default`` is
 ``local[*]``, ``spark_cluster`` the standalone cluster). A task fails when its
 application fails (its exit status).
 
-A job rooted on an object store (``s3://...``) always runs as a spark-submit of
-its own, with the credentials and endpoint of its storage connection (an
-Airflow connection of type ``aws``; :mod:`streamlake.orchestration.hooks`) in
-that process's environment, never on its command line.
+A job rooted on an object store (``s3://...``) gets the credentials and endpoint
+of its storage connection (an Airflow connection of type ``aws``;
+:mod:`streamlake.orchestration.hooks`) in its process's environment, never on its
+command line. Its proofs and backfills go to the Spark Connect server only
+where the ``spark_connect`` connection declares that the server holds that very
+connection's credentials (extra ``storage_conn_id``,
+:mod:`streamlake.platform.spark_connect`); else each is a spark-submit of its own.
 """
 
 from __future__ import annotations
@@ -70,16 +73,6 @@ class _JobSubmitOperator(SparkSubmitOperator):
         super().execute(context)
 
 
-def own_process_for_store(job) -> str | None:
-    """Why a job on an object store never runs on the shared Spark Connect server: its
-    credentials travel in its own process's environment (the server's is not the job's)."""
-    from streamlake.storage.location import is_object_store
-
-    if is_object_store(job.root):
-        return f"its tables are on {job.root}: a process of its own, with the store's credentials in its environment"
-    return None
-
-
 class _ConnectFirstOperator(_JobSubmitOperator):
     """A job that runs on the long-lived Spark Connect server of ``spark_connect_conn_id``
     (a ``spark_connect`` connection; ``make run`` starts the server and defines
@@ -95,7 +88,9 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         super().__init__(**kwargs)
         self.spark_connect_conn_id = spark_connect_conn_id
 
-    def _connect_url(self) -> str | None:
+    def _connect_server(self) -> tuple[str, dict] | None:
+        """The URL of the server of ``spark_connect_conn_id`` and the connection's extra; None
+        when the connection is not defined or its server does not answer (the log says which)."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
         from streamlake.platform.spark_connect import connect_url
@@ -103,7 +98,9 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         if not self.spark_connect_conn_id:
             return None
         try:
-            configured = SparkConnectHook(self.spark_connect_conn_id).get_connection_url()
+            hook = SparkConnectHook(self.spark_connect_conn_id)
+            configured = hook.get_connection_url()
+            extra = hook.get_connection(self.spark_connect_conn_id).extra_dejson
         except Exception as exc:  # noqa: BLE001 (AirflowNotFoundException and friends: no such connection)
             self.log.info("no Spark Connect connection %r (%s): spark-submit", self.spark_connect_conn_id, exc)
             return None
@@ -111,7 +108,24 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         if remote is None:
             self.log.info("Spark Connect server of %r (%s) does not answer: spark-submit",
                           self.spark_connect_conn_id, configured)
-        return remote
+            return None
+        return remote, extra
+
+    def store_not_on_server(self, job, extra: dict) -> str | None:
+        """Why a job on an object store cannot run on the server whose connection has ``extra``:
+        the server holds no credentials of the job's storage connection (it declares the one
+        it holds as ``storage_conn_id``). None for a local root or when it holds them."""
+        from streamlake.orchestration.hooks import DEFAULT_STORAGE_CONN_ID
+        from streamlake.storage.location import is_object_store
+
+        if not is_object_store(job.root):
+            return None
+        wanted, held = job.storage_conn_id or DEFAULT_STORAGE_CONN_ID, extra.get("storage_conn_id")
+        if held == wanted:
+            return None
+        return (f"its tables are on {job.root} and the Spark Connect server of {self.spark_connect_conn_id!r} "
+                f"holds {'the credentials of ' + repr(held) if held else 'no store credentials'}, not those of "
+                f"{wanted!r}: a process of its own with them in its environment")
 
     def needs_own_jvm(self, job) -> str | None:
         """Why this run must be a spark-submit even where a server answers; None: it need not."""
@@ -123,20 +137,28 @@ class _ConnectFirstOperator(_JobSubmitOperator):
 
         from streamlake.operations.jobs import load_job
         from streamlake.operations.runner import spark_env
+        from streamlake.orchestration.hooks import job_store_environment
         from streamlake.spark.session import connect_client_command
 
         job = load_job(self.job_name)
-        reason = own_process_for_store(job) or self.needs_own_jvm(job)
+        reason = self.needs_own_jvm(job)
         if reason:
             self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
             return super().execute(context)
-        remote = self._connect_url()
-        if remote is None:
+        server = self._connect_server()
+        if server is None:
+            return super().execute(context)
+        remote, extra = server
+        reason = self.store_not_on_server(job, extra)
+        if reason:
+            self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
             return super().execute(context)
         cmd = connect_client_command(self.job_application, self.job_arguments(job), remote)
         self.log.info("%s of job %s on the Spark Connect server %s (no JVM of its own)", self.job_application,
                       job.name, remote)
-        result = SubprocessHook().run_command(cmd, env={**os.environ, **spark_env()})
+        # A job on a store: its client opens the tables (delta-rs) with the credentials the server holds too.
+        env = {**os.environ, **spark_env(), **job_store_environment(job, self.log)}
+        result = SubprocessHook().run_command(cmd, env=env)
         if result.exit_code != 0:
             raise AirflowException(f"{self.job_application} of job {job.name} failed "
                                    f"(exit status {result.exit_code}): {result.output}")
@@ -165,8 +187,16 @@ class JobRunOperator(_ConnectFirstOperator):
         with Spark resources of its own (``make run``'s jobs, a rescaled one): they are its
         dedicated resources, and its bronze fast path (read tasks writing the files) needs a
         session of its own. Measured in the live-platform test (2 cores): two pipelines' runs side by
-        side took 147-150 s on the shared server against 121-123 s in JVMs of their own."""
+        side took 147-150 s on the shared server against 121-123 s in JVMs of their own. A job on
+        an object store too: only the Kafka read tasks can write its bronze files there (the fast
+        path, writer=source), which a Spark Connect session cannot drive."""
         from airflow.providers.common.compat.sdk import BaseHook
+
+        from streamlake.storage.location import is_object_store
+
+        if is_object_store(job.root):
+            return (f"its bronze is on {job.root}, where only the Kafka read tasks write the files (writer=source): "
+                    "a session of its own")
 
         try:
             master = BaseHook.get_connection(self.spark_conn_id).host or ""

@@ -39,10 +39,12 @@ def _store_doc(job) -> str:
 
     if not is_object_store(job.root):
         return ""
-    return (f"\n**On an object store.** Every task that reads or writes the tables is a spark-submit of its own "
-            f"with the store's credentials and endpoint in its environment, from the Airflow connection "
-            f"`{job.storage_conn_id or DEFAULT_STORAGE_CONN_ID}` (type `aws`), never on the shared Spark Connect "
-            "server.\n")
+    conn = job.storage_conn_id or DEFAULT_STORAGE_CONN_ID
+    return (f"\n**On an object store.** Every task that reads or writes the tables gets the store's credentials "
+            f"and endpoint in its process's environment from the Airflow connection `{conn}` (type `aws`). Its "
+            f"checks and backfills go to the Spark Connect server only where `spark_connect_default` "
+            f"declares that the server holds `{conn}`'s credentials (extra `storage_conn_id`, as `make run "
+            f"LAKE=s3` defines it); else each is a spark-submit of its own.\n")
 
 
 def _tables_doc(definition) -> str:

@@ -84,8 +84,7 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port
         f"AIRFLOW_CONN_{SPARK_LOCAL_CONN.upper()}": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         f"AIRFLOW_CONN_{SPARK_CLUSTER_CONN.upper()}": json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster_port}),
-        f"AIRFLOW_CONN_{SPARK_CONNECT_CONN.upper()}": json.dumps(
-            {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": connect_port}),
+        f"AIRFLOW_CONN_{SPARK_CONNECT_CONN.upper()}": spark_connect.connection(connect_port),
     })
     return env
 

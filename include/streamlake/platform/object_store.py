@@ -11,6 +11,7 @@ disagree on python-dateutil. MinIO is the compose file's store
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.request
 from pathlib import Path
@@ -85,6 +86,15 @@ def local_options(port: int = DEFAULT_PORT, secret: str = "streamlake-local-secr
     return {"AWS_ENDPOINT_URL": endpoint(port), "AWS_REGION": LOCAL_REGION, "AWS_ALLOW_HTTP": "true",
             "AWS_ACCESS_KEY_ID": LOCAL_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": secret,
             "conditional_put": "etag"}
+
+
+def airflow_connection(port: int = DEFAULT_PORT) -> str:
+    """The Airflow ``aws`` connection (JSON) of the local server's account, as
+    :func:`streamlake.orchestration.hooks.connection_environment` reads one back."""
+    options = local_options(port)
+    return json.dumps({"conn_type": "aws", "login": options["AWS_ACCESS_KEY_ID"],
+                       "password": options["AWS_SECRET_ACCESS_KEY"],
+                       "extra": {"region_name": options["AWS_REGION"], "endpoint_url": options["AWS_ENDPOINT_URL"]}})
 
 
 def lake_settings(port: int = DEFAULT_PORT, bucket: str = "lake") -> dict[str, str]:

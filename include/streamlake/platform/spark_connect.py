@@ -11,11 +11,23 @@ provider's ``spark_connect`` connection type (``spark_connect_default``). When n
 server answers, the checks fall back to spark-submit (:func:`connect_url` returns None).
 
 The server binds to 127.0.0.1 only: it has no authentication of its own.
+
+A lake on an object store: the server's processes (its Python workers read and write
+the tables' files) need the store's credentials in their environment. ``start`` takes
+them with the name of the Airflow ``aws`` connection they are from, and the
+``spark_connect`` connection declares that name in its extra (``storage_conn_id``,
+:func:`connection`); a task of a job whose storage connection is that one runs on the
+server, any other job on a store keeps its own spark-submit
+(:class:`streamlake.orchestration.operators.JobVerifyOperator` and friends). Anyone who
+can reach the server's port reads and writes the store with those credentials: it is for
+one machine's or one team's lake, not a shared multi-tenant service.
 """
 
 from __future__ import annotations
 
+import json
 import socket
+from typing import Mapping
 from urllib.parse import urlparse
 
 from streamlake.platform import procs
@@ -41,9 +53,26 @@ def reachable(remote: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float = 120) -> dict:
+def connection(port: int = DEFAULT_PORT, storage_conn_id: str | None = None) -> str:
+    """The Airflow ``spark_connect`` connection (JSON) of a server on 127.0.0.1:``port``; with
+    ``storage_conn_id``, declaring that the server holds that storage connection's credentials."""
+    conn = {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": port}
+    if storage_conn_id:
+        conn["extra"] = {"storage_conn_id": storage_conn_id}
+    return json.dumps(conn)
+
+
+def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float = 120,
+          store_environment: Mapping[str, str] | None = None, storage_conn_id: str | None = None) -> dict:
     """Start the server (idempotent) with the platform's Spark defaults; return when it accepts
-    connections. Raises TimeoutError when it does not within ``timeout_s``."""
+    connections. ``store_environment``: an object store's ``AWS_*`` credentials and endpoint for
+    the server's processes, those of the Airflow connection ``storage_conn_id`` (see the module
+    docstring; the returned dict and the service state name it). Raises TimeoutError when the
+    server does not answer within ``timeout_s``, ValueError for credentials without the name of
+    their connection."""
+    if store_environment and not storage_conn_id:
+        raise ValueError("a store's credentials for the Spark Connect server need the name of their Airflow "
+                         "connection (storage_conn_id): the tasks that may use them are that connection's")
     from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
 
     if procs.status(SERVICE) is None:
@@ -54,11 +83,13 @@ def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float =
                "--class", SERVER_CLASS]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
-        procs.start(SERVICE, [*cmd, "spark-internal"], env=job_environment({"SPARK_LOCAL_IP": "127.0.0.1"}),
-                    info={"url": url(port)})
-    remote = procs.status(SERVICE).info["url"]
+        procs.start(SERVICE, [*cmd, "spark-internal"],
+                    env=job_environment({**(store_environment or {}), "SPARK_LOCAL_IP": "127.0.0.1"}),
+                    info={"url": url(port), "storage_conn_id": storage_conn_id})
+    state = procs.status(SERVICE)
+    remote = state.info["url"]
     procs.wait_for(lambda: reachable(remote), timeout_s, interval=1, what=f"the Spark Connect server at {remote}")
-    return {"url": remote, "master": master}
+    return {"url": remote, "master": master, "storage_conn_id": state.info.get("storage_conn_id")}
 
 
 def stop() -> bool:
