@@ -141,6 +141,39 @@ def test_make_run_on_s3_defines_the_lakes_connection_as_the_jobs_read_it_and_no_
 
 
 @pytest.mark.fast
+def test_a_cli_check_of_a_store_job_uses_the_platforms_server_only_where_it_holds_store_credentials(
+        tmp_path, monkeypatch):
+    """`streamlake check` / `backfill` without --remote: a job on S3 goes to the platform's running
+    Spark Connect server only where that server was started with a store's credentials (its
+    service state says so), else a spark-submit that gets this shell's AWS_* environment; a
+    local job goes to the server either way. The "server" here is a process that only accepts
+    connections (a test double at the socket boundary: the choice is made before any Spark)."""
+    import sys
+
+    from conftest import _free_port
+    from streamlake.cli.common import connect_or_submit_command
+    from streamlake.platform import procs, spark_connect
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path))
+    port = _free_port()
+    listener = [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(120)"]
+    chosen = {}
+    for held in (None, "aws_default"):
+        procs.start(spark_connect.SERVICE, listener, info={"url": spark_connect.url(port), "storage_conn_id": held})
+        try:
+            procs.wait_for(lambda: spark_connect.reachable(spark_connect.url(port)), 20, what="the listener")
+            for root in ("s3://lake/j", str(tmp_path / "j")):
+                cmd = connect_or_submit_command("verify.py", ["--job", "j"], None, master="local[*]", name="check:j",
+                                                root=root)
+                chosen[held, root.startswith("s3://")] = "connect" if "--remote" in cmd else "spark-submit"
+        finally:
+            procs.stop(spark_connect.SERVICE)
+    assert chosen == {(None, True): "spark-submit", (None, False): "connect",
+                      ("aws_default", True): "connect", ("aws_default", False): "connect"}, chosen
+
+
+@pytest.mark.fast
 def test_the_views_process_reaches_a_job_store_with_its_connection_and_keeps_it_when_the_job_loads_again(
         monkeypatch):
     """reach_store remembers the connection's credentials for the job's root in this process

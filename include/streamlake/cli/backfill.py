@@ -27,7 +27,8 @@ def cmd_backfill(args) -> int:
         cmd += ["--to", args.end] if args.end else []
         cmd += ["--dry-run"] if args.dry_run else []
         code = run_job_foreground(connect_or_submit_command("backfill.py", cmd, args.remote, master=args.master or
-                                                            job.master or "local[*]", name=f"backfill:{job.name}"),
+                                                            job.master or "local[*]", name=f"backfill:{job.name}",
+                                                            root=job.root),
                                   JobControl(job.control_dir))
         summary = json.loads(result.read_text()) if result.exists() else {}
     if args.json:

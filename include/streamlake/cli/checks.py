@@ -46,7 +46,7 @@ def cmd_check(args) -> int:
 
     verify_args = ["--job", job.name, "--operation", args.operation, "--no-quality"]
     cmd = connect_or_submit_command("verify.py", verify_args, args.remote, master=args.master or job.master or
-                                    "local[*]", name=f"check:{job.name}")
+                                    "local[*]", name=f"check:{job.name}", root=job.root)
     return run_job_foreground(cmd, job.control)
 
 

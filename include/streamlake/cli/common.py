@@ -60,17 +60,24 @@ def add_remote_argument(parser, what: str) -> None:
 
 
 def connect_or_submit_command(application: str, job_args: list[str], remote: str | None, *, master: str,
-                              name: str, short_run: bool = False) -> list[str]:
+                              name: str, short_run: bool = False, root: str | None = None) -> list[str]:
     """argv running ``jobs/<application>`` as a client of the Spark Connect server ``remote``
     (``--remote``) or, without one, of the platform's running server; spark-submit on
-    ``master`` when no server answers (``short_run``: see spark_submit_command). Says on stderr
-    which it is."""
+    ``master`` when no server answers (``short_run``: see spark_submit_command). For a job
+    ``root`` on an object store the platform's server is used only where it holds a store's
+    credentials (``make run LAKE=s3``): this shell's ``AWS_*`` environment reaches a
+    spark-submit, never a running server. Says on stderr which it is."""
     import sys
 
-    from streamlake.platform.spark_connect import connect_url
+    from streamlake.platform import spark_connect
     from streamlake.spark.session import connect_client_command, spark_submit_command
+    from streamlake.storage.location import is_object_store
 
-    url = connect_url(remote)
+    url = spark_connect.connect_url(remote)
+    if url and not remote and root and is_object_store(root) and not spark_connect.holds_store_credentials():
+        print(f"{name}: the platform's Spark Connect server {url} holds no store credentials and {root} is on a "
+              f"store: spark-submit with this environment's", file=sys.stderr)
+        url = None
     if url:
         print(f"{name} on the Spark Connect server {url}", file=sys.stderr)
         return connect_client_command(application, job_args, url)

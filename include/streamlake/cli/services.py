@@ -135,7 +135,7 @@ def _lake_connections(args) -> dict[str, str]:
     server = spark_connect.start(args.spark_connect_port, **store)
     connections[f"AIRFLOW_CONN_{airflow_setup.SPARK_CONNECT_CONN.upper()}"] = \
         spark_connect.connection(args.spark_connect_port, server["storage_conn_id"])
-    held = f", holding the lake's credentials (connection {server['storage_conn_id']})" \
+    held = f"; it holds the lake's credentials, connection {server['storage_conn_id']}" \
         if server["storage_conn_id"] else ""
     print(f"Spark Connect:     {server['url']} ({server['master']}{held}): the checks after every operation and "
           f"the backfills run on it, no JVM start each")

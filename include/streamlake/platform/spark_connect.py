@@ -106,3 +106,10 @@ def connect_url(explicit: str | None = None) -> str | None:
     if state is not None and reachable(state.info["url"]):
         return state.info["url"]
     return None
+
+
+def holds_store_credentials() -> bool:
+    """Whether the platform's running server was started with a store's credentials (its
+    service state names their connection: :func:`start`)."""
+    state = procs.status(SERVICE)
+    return bool(state is not None and state.info.get("storage_conn_id"))
