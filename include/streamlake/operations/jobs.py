@@ -60,6 +60,7 @@ _RETIRED_FIELDS = ("window", "allowed_lateness", "dedup_horizon")
 # The Airflow connection of a job on an object store that names none (``job define --storage-conn-id``).
 DEFAULT_STORAGE_CONN_ID = "aws_default"
 
+
 @dataclass
 class JobSpec:
     name: str
