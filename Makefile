@@ -50,6 +50,7 @@ bench: setup
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/operations_bench.py
 	$(BIN)/python bench/object_store_bench.py
+	$(BIN)/python bench/s3_proof_bench.py
 	$(BIN)/python bench/summary.py
 
 # Re-resolve the full lock after changing requirements.txt.
