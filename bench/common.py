@@ -89,6 +89,15 @@ def write_results(results: Path, name: str, result: dict, markdown, plot) -> Non
     print("\n".join(result["summary"]) + f"\nresults in {results}/{name}.md", flush=True)
 
 
+def rewrite_results(results: Path, name: str, finish, markdown, plot) -> int:
+    """``--render``: ``<name>.md`` and ``.png`` (and the summary) again from ``<name>.json``,
+    ``finish(result)`` first; nothing is measured."""
+    result = json.loads((results / f"{name}.json").read_text())
+    finish(result)
+    write_results(results, name, result, markdown, plot)
+    return 0
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of already sorted values (q in 0..100)."""
     if not sorted_values:

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, free_port, load, machine, private_broker, progress, target_line, write_results  # noqa: E402
+from common import (RESULTS, free_port, load, machine, private_broker, progress, rewrite_results,  # noqa: E402
+                    target_line, write_results)
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "object_store"
@@ -135,10 +136,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.render:
-        result = json.loads((args.results / "object_store.json").read_text())
-        finish(result)
-        write_results(args.results, "object_store", result, markdown, plot)
-        return 0
+        return rewrite_results(args.results, "object_store", finish, markdown, plot)
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -19,7 +19,6 @@ Connect server and the checks share its cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -29,7 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, free_port, load, machine, private_broker, progress, write_results  # noqa: E402
+from common import (RESULTS, free_port, load, machine, private_broker, progress, rewrite_results,  # noqa: E402
+                    write_results)
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work" / "s3_proof"
@@ -57,10 +57,7 @@ def main() -> int:
                         help="rewrite s3_proof.md/.png from s3_proof.json, measure nothing")
     args = parser.parse_args()
     if args.render:
-        result = json.loads((args.results / "s3_proof.json").read_text())
-        finish(result)
-        write_results(args.results, "s3_proof", result, markdown, plot)
-        return 0
+        return rewrite_results(args.results, "s3_proof", finish, markdown, plot)
 
     import yaml
 
