@@ -6,7 +6,7 @@ BIN   := $(VENV)/bin
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup test test-fast run stop bench lock clean
+.PHONY: setup test test-fast test-scenarios run stop bench lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,8 +18,15 @@ setup:
 PYTEST_WORKERS ?= 2
 
 # --durations: the slowest tests at the end of every run (where make test's time goes).
+# Everything but the long scenarios (-m scenario: make test-scenarios; README, Tests).
 test: setup
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not scenario"
+
+# The long multi-process scenarios: a pipeline on S3 computed by a two-worker Spark cluster
+# through every command, the DAGs of a job on S3, a rescale on a cluster, the supervisor's
+# failure-rate give-up, two roots' runs and backfills. make test + make test-scenarios = every test.
+test-scenarios: setup
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m scenario
 
 # Before every commit (about 3 minutes): unit tests, definitions, DAGs and forms, views, CLI,
 # the generator, one small end-to-end run of the demo pipeline (the list: tests/conftest.py).

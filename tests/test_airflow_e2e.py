@@ -166,6 +166,7 @@ def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(ai
     assert_every_stage(spark, job, 1000)
 
 
+@pytest.mark.scenario
 def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, produce, topic_name, tmp_path):
     job = define_job(tmp_path, f"flaky-{topic_name}", topic_name, processing_time_s=1.0)
     produce(topic_name, 300, seed=6)
@@ -188,6 +189,7 @@ def test_supervisor_gives_up_when_the_failure_rate_is_exceeded(airflow, spark, p
     assert_every_stage(spark, job, 300)
 
 
+@pytest.mark.scenario
 def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_it(airflow, spark, topic_name,
                                                                                    tmp_path):
     """1 core -> 2 cores and gold's aggregation 2 -> 5 partitions while the stream runs; gold

@@ -61,6 +61,7 @@ def _versions(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables(tmp_path, produce, broker, spark,
                                                                                 monkeypatch):
     """The user's sequence from issue 22: `pipeline run --root A/pipe`, `pipeline run --root

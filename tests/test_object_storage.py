@@ -666,6 +666,7 @@ def cluster(s3):
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_executor_a_sigkilled_driver_and_a_lost_driver_disk(
         s3, cluster, live_producer, topic_name, tmp_path, monkeypatch):
     """`pipeline run --root s3://... --master spark://...`: bronze, silver, quarantine, gold and
@@ -1022,6 +1023,7 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airflow_connection(
         s3, live_producer, topic_name, tmp_path, monkeypatch, request):
     """`airflow dags test ingest_<job>` of a job rooted on the S3 server, once while its records are

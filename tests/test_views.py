@@ -16,12 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def client():
+def client(tmp_path_factory):
+    """The views' app, on a home of this module's own: the jobs, checks and operations other
+    files recorded in the session's home (a job named ``orders`` on another topic) are not
+    what these tests read."""
     from helpers import views_client
 
-    client = views_client()
-    yield client
-    client.app.dependency_overrides.clear()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("STREAMLAKE_HOME", str(tmp_path_factory.mktemp("views-home")))
+        client = views_client()
+        yield client
+        client.app.dependency_overrides.clear()
 
 
 def _rows(page: str, cls: str) -> list[str]:
