@@ -87,9 +87,11 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     # their own; the ingests, of jobs with Spark resources of their own, each in its own JVM.
     for dag, run_id, task in (("savepoint", savepoint, "verify"), ("ingest_sensors", runs["ingest_sensors"], "verify"),
                               ("backfill_orders", backfills["backfill_orders"], "backfill")):
-        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, task), (dag, run_id)
+        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task)), \
+            (dag, run_id)
     assert "spark-submit, the job has Spark resources of its own" in \
-        rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now")
+        rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now",
+                      rest.tries("ingest_orders", runs["ingest_orders"], "ingest_available_now"))
     backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
     assert any(o["operation"] == "backfill" for o in backfill), backfill
 

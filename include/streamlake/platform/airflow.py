@@ -80,6 +80,10 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port
         # added to pipelines/ gets its DAGs at the next parse, within a minute.
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+        # A task's calls to the API server (an XCom pull while its template renders) waited at
+        # most 5 s: with Spark jobs on both cores a savepoint's verify failed its first try on a
+        # ReadTimeout (test run of 2026-11-27). Airflow's advice under high load: raise it.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         "STREAMLAKE_SPARK_POOL": SPARK_POOL,
         f"AIRFLOW_CONN_{SPARK_LOCAL_CONN.upper()}": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         f"AIRFLOW_CONN_{SPARK_CLUSTER_CONN.upper()}": json.dumps(
