@@ -374,6 +374,31 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_run_order)
 
 
+# Where each xdist worker's time went, printed at the end of a run: per worker, the seconds
+# its tests took (setup, call and teardown) by file, longest first. `make test` ends when its
+# last worker does, so this says which files to move or speed up.
+_WORKER_SECONDS: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # the worker that ran it (set on the xdist controller)
+    worker = getattr(getattr(node, "gateway", None), "id", None)
+    if worker:
+        files = _WORKER_SECONDS.setdefault(worker, {})
+        name = report.nodeid.split("::", 1)[0]
+        files[name] = files.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _WORKER_SECONDS:
+        return
+    terminalreporter.section("seconds per worker")
+    for worker, files in sorted(_WORKER_SECONDS.items()):
+        top = sorted(files.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_line(f"{worker}: {sum(files.values()):.0f} s in {len(files)} files; "
+                                    + ", ".join(f"{Path(f).name} {s:.0f}" for f, s in top[:8]))
+
+
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 

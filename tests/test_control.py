@@ -163,6 +163,41 @@ def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(con
         thread.join(10)
 
 
+def test_proofs_of_one_job_run_one_at_a_time_and_a_stuck_one_only_delays_the_next(control):
+    order, first_in = [], threading.Event()
+    release = threading.Event()
+
+    def first():
+        with control.proving():
+            order.append("first starts")
+            first_in.set()
+            release.wait(10)
+            order.append("first ends")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_in.wait(10)
+    def second_proof():
+        with control.proving():
+            order.append("second starts")
+
+    second = threading.Thread(target=second_proof)
+    second.start()
+    time.sleep(1.0)
+    assert order == ["first starts"], "the second proof waits for the first"
+    release.set()
+    thread.join(10)
+    second.join(10)
+    assert order == ["first starts", "first ends", "second starts"]
+
+    # A proof that holds the lock past the timeout delays the next one by that long, no more.
+    with control.proving():
+        started = time.monotonic()
+        with control.proving(timeout_s=1.0):
+            waited = time.monotonic() - started
+    assert 1.0 <= waited < 10, waited
+
+
 # -- a real savepoint of a real available-now run ----------------------------------------------
 
 
@@ -219,3 +254,4 @@ def test_savepoint_of_an_available_now_run_succeeds_whether_it_pauses_or_finishe
     assert not job.control.pause_requested() and not job.control.is_running()
     assert outcome["summary"]["rows"] == records and not outcome["summary"]["stopped"]
     assert_exactly_once({"table": job.table}, topic_name, expected_rows=records)
+

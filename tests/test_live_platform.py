@@ -34,6 +34,7 @@ OPERATION_TIMEOUT_S = 420  # generous: both pipelines' runs share 2 cores with t
 # A run an operation starts may queue behind one the forms triggered (max_active_runs=1): its wait covers both.
 RESUMED_RUN_TIMEOUT_S = 2 * OPERATION_TIMEOUT_S
 NOTE = "before the rescale, typed in the browser"
+KEEP_UP_WINDOW_S = 30
 
 
 def succeeded(rest, dag_id: str, run_id: str, timeout: float = OPERATION_TIMEOUT_S) -> dict:
@@ -207,14 +208,15 @@ def test_airflow_backfill_restates_data_intervals_and_every_check_passed(live_pl
 
 def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     """Lag, as each bronze micro-batch reports it, stays below two micro-batches' worth of the
-    producer's records while the demo pipeline runs continuously for a minute."""
+    producer's records while the demo pipeline runs continuously for KEEP_UP_WINDOW_S (six of its
+    5-second micro-batches; the five-minute keep-up is `make bench`'s soak row)."""
     from streamlake.operations.jobs import JobSpec
 
     rest = live_platform.rest
     run_id = rest.trigger("ingest_sensors", {"mode": "continuous", "spark_conn_id": "spark_cluster"})
     spec = JobSpec.from_dict(json.loads((live_platform.home / "jobs" / "sensors.json").read_text()))
     progress = spec.control.progress_file
-    # The run may queue behind an earlier one (max_active_runs=1): the minute starts when it runs.
+    # The run may queue behind an earlier one (max_active_runs=1): the window starts when it runs.
     deadline = time.monotonic() + RESUMED_RUN_TIMEOUT_S
     while rest.run("ingest_sensors", run_id)["state"] == "queued":
         assert time.monotonic() < deadline, "the continuous run never left the queue"
@@ -223,7 +225,7 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
         assert time.monotonic() < deadline and rest.run("ingest_sensors", run_id)["state"] == "running"
         time.sleep(3)  # until the job's first micro-batches (spark-submit start-up)
     window_start = time.time()
-    time.sleep(60)
+    time.sleep(KEEP_UP_WINDOW_S)
     window_end = time.time()
     state = rest.run("ingest_sensors", run_id)["state"]
     assert state == "running", f"the continuous run ended early ({state}): " \
@@ -234,7 +236,7 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     succeeded(rest, "ingest_sensors", run_id)
 
     bronze = [p for p in lines if p.get("stage") == "bronze" and window_start <= epoch(p["timestamp"]) <= window_end]
-    assert len(bronze) >= 4, f"too few micro-batches in a minute: {len(bronze)}"
+    assert len(bronze) >= 4, f"too few micro-batches in {KEEP_UP_WINDOW_S} s: {len(bronze)}"
     steady = bronze[1:]  # the first batch catches up with what queued before
     worst = max(sum(p["lag"].values()) for p in steady)
     per_batch = max(1, sorted(p["numInputRows"] for p in steady)[len(steady) // 2])

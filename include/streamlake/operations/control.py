@@ -24,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class JobControl:
@@ -92,6 +95,35 @@ class JobControl:
             yield self
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    @contextlib.contextmanager
+    def proving(self, timeout_s: float = 900.0):
+        """One proof (``streamlake.operations.verify.verify_job``) of the job at a time: a
+        second one waits for the first and then checks only what the first did not cover (two
+        proofs of the same tables side by side each did the whole work, e.g. a stop-with-savepoint's
+        and the stopped run's). Waits up to ``timeout_s``, then proves without the lock (a warning:
+        the proofs are then only slower, never wrong: each reads committed versions)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.dir / "proof.lock", "a+")
+        deadline = time.monotonic() + timeout_s
+        held = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        log.warning("another proof of %s has run for over %.0f s; proving beside it",
+                                    self.dir, timeout_s)
+                        break
+                    time.sleep(0.5)
+            yield self
+        finally:
+            if held:
+                fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
     def stop_requested(self) -> bool:

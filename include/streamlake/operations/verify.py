@@ -48,7 +48,15 @@ def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None =
                expected_offsets: dict | None = None, bronze_version: int | None = None,
                quality: bool = True, job_running: bool = False) -> dict:
     """Run and record every check and the quality validation for ``job`` after ``operation``
-    (see the module docstring). Returns a JSON-able summary; raises on a failure."""
+    (see the module docstring). Returns a JSON-able summary; raises on a failure. Proofs of
+    one job run one at a time (``JobControl.proving``): the later one covers what changed since."""
+    with job.control.proving():
+        return _verify(spark, job, operation, context=context, expected_offsets=expected_offsets,
+                       bronze_version=bronze_version, quality=quality, job_running=job_running)
+
+
+def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, expected_offsets: dict | None,
+            bronze_version: int | None, quality: bool, job_running: bool) -> dict:
     from streamlake.kafka.offsets import offsets_from_json
     from streamlake.operations.consistency import check_consistency, record_pipeline_check, require_passed
     from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
