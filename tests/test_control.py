@@ -177,6 +177,7 @@ def test_proofs_of_one_job_run_one_at_a_time_and_a_stuck_one_only_delays_the_nex
     thread = threading.Thread(target=first)
     thread.start()
     assert first_in.wait(10)
+
     def second_proof():
         with control.proving():
             order.append("second starts")
@@ -254,4 +255,3 @@ def test_savepoint_of_an_available_now_run_succeeds_whether_it_pauses_or_finishe
     assert not job.control.pause_requested() and not job.control.is_running()
     assert outcome["summary"]["rows"] == records and not outcome["summary"]["stopped"]
     assert_exactly_once({"table": job.table}, topic_name, expected_rows=records)
-
