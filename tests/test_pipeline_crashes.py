@@ -5,9 +5,10 @@ tree of the orders example (two gold stages: a tumbling and a session aggregate)
 the crash is injected with STREAMLAKE_CRASH_AT (see streamlake.faults), which
 kills the whole tree with SIGKILL, like `kill -9`, between or after a stage's
 commits. The restart runs the same stages and settings in the test's SparkSession
-(a warm JVM: what it recovers from is on disk, not in a process). The results
-after the restart are compared with a reference run of a copy of the stream that
-was never interrupted.
+(a warm JVM: what it recovers from is on disk, not in a process). Every run reads
+one stream (two waves of orders) and starts from a copy of one lake, the one a clean
+run of the first wave left; the results after the restart are compared with those of
+a run from that lake that was never interrupted.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ def pipeline(root: Path, definition: Path, env: dict | None = None) -> tuple[int
 
 
 def results(spark, root: Path, definition_file: Path) -> dict:
-    """Everything the pipeline produced, without the columns that record when it ran or
-    from which topic (the reference reads a copy of the stream under another name)."""
+    """Everything the pipeline produced, without the columns that record when it ran."""
     d = load_definition(definition_file)
     out = {
         "silver": sorted(tuple(r) for r in read_table(spark, str(root / "silver"), silver_spec(d)).select(
@@ -56,13 +56,12 @@ def results(spark, root: Path, definition_file: Path) -> dict:
     return out
 
 
-# Every copy of the stream starts its clock here (half an hour ago, on a minute), so
-# event times, windows and lateness are the same in the reference and every crash run.
+# The stream's clock starts here (half an hour ago, on a minute) and moves 1 ms per record.
 T0 = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0) - dt.timedelta(minutes=30)
 
 
 class FixedClock:
-    """The same "now" sequence for every copy of the stream: 1 ms per record from T0."""
+    """A "now" that moves 1 ms per record from its start."""
 
     def __init__(self, start):
         self.now = start
@@ -81,42 +80,51 @@ def wave(definition: Path, topic: str, clock: FixedClock, seed: int, **mix) -> N
                     **mix)
 
 
-def first_wave_then_second(spark, root: Path, definition: Path, topic: str,
-                           crash: str | None = None, env: dict | None = None) -> tuple[int, str] | None:
-    """Wave 1, a clean run (gold gets watermarks), wave 2 with late orders, a second run:
-    clean, or SIGKILLed at ``crash``, or a CLI run with ``env``, whose exit status and output
-    are then returned.
-
-    Clean runs run in the test's SparkSession (the same stages and settings as the CLI's,
-    without a JVM start); the run a crash kills is a `streamlake pipeline run` process tree."""
-    clock = FixedClock(T0)
-    wave(definition, topic, clock, 51)
-    run_clean(spark, root, definition)
-    # Half a minute passes: wave 2's late orders (6 to 20 minutes back) are behind the
-    # watermarks wave 1 left, so even gold's first batch of wave 2 finds them late.
-    clock.now += dt.timedelta(seconds=30)
-    wave(definition, topic, clock, 52, late_fraction=0.1)
-    if crash or env:
-        return pipeline(root, definition, env={**({"STREAMLAKE_CRASH_AT": crash} if crash else {}), **(env or {})})
-    run_clean(spark, root, definition)
-    return None
-
-
 def run_clean(spark, root: Path, definition: Path) -> None:
     """What `streamlake pipeline run --available-now --max-offsets-per-trigger 500` runs."""
     run_available_now(spark, pipeline_config(root, definition, max_offsets_per_trigger=500))
 
 
 @pytest.fixture(scope="module")
-def reference(spark, broker, tmp_path_factory):
-    """The stream processed without any interruption."""
+def stream(spark, broker, tmp_path_factory):
+    """One stream for every run in this file: wave 1, a clean run of it (gold gets watermarks),
+    kept as a lake every test starts from (a copy: tables and checkpoints), then wave 2 with
+    late orders, which each test processes its own way.
+
+    Half a minute passes between the waves: wave 2's late orders (6 to 20 minutes back) are
+    behind the watermarks wave 1 left, so even gold's first batch of wave 2 finds them late.
+    Clean runs run in the test's SparkSession (the same stages and settings as the CLI's,
+    without a JVM start); a run a crash kills is a `streamlake pipeline run` process tree."""
     import uuid
 
-    root = tmp_path_factory.mktemp("pipeline-reference")
-    topic = f"ref-{uuid.uuid4().hex[:8]}"
-    definition = example("orders", root, topic, lateness="5s")
-    first_wave_then_second(spark, root / "lake", definition, topic)
-    found = results(spark, root / "lake", definition)
+    base = tmp_path_factory.mktemp("pipeline-stream")
+    topic = f"crash-{uuid.uuid4().hex[:8]}"
+    definition = example("orders", base, topic, lateness="5s")
+    clock = FixedClock(T0)
+    wave(definition, topic, clock, 51)
+    after_wave_1 = base / "after-wave-1"
+    run_clean(spark, after_wave_1, definition)
+    clock.now += dt.timedelta(seconds=30)
+    wave(definition, topic, clock, 52, late_fraction=0.1)
+    return definition, after_wave_1
+
+
+def lake_after_wave_1(stream, tmp_path: Path) -> Path:
+    """A lake of its own for a test: a copy of the one wave 1's clean run left."""
+    import shutil
+
+    root = tmp_path / "lake"
+    shutil.copytree(stream[1], root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(spark, stream, tmp_path_factory):
+    """The stream processed without any interruption."""
+    definition = stream[0]
+    root = lake_after_wave_1(stream, tmp_path_factory.mktemp("pipeline-reference"))
+    run_clean(spark, root, definition)
+    found = results(spark, root, definition)
     assert found["quarantine"] and found["gold/revenue_5m"] and found["gold/activity"], found.keys()
     assert found["late_events/revenue_5m"] > 0 and found["late_events/activity"] > 0, "late events in both"
     return found
@@ -132,12 +140,9 @@ if os.environ.get("STREAMLAKE_CRASH_POINTS") == "all":
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker, reference, tmp_path, point):
-    import uuid
-
-    root, topic = tmp_path / "lake", f"crash-{uuid.uuid4().hex[:8]}"
-    definition = example("orders", tmp_path, topic, lateness="5s")
-    code, out = first_wave_then_second(spark, root, definition, topic, crash=point)
+def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, stream, reference, tmp_path, point):
+    definition, root = stream[0], lake_after_wave_1(stream, tmp_path)
+    code, out = pipeline(root, definition, env={"STREAMLAKE_CRASH_AT": point})
     assert code == 128 + 9, f"the job should have been SIGKILLed at {point}:\n{out[-3000:]}"
     run_clean(spark, root, definition)  # the restart
     assert results(spark, root, definition) == reference
@@ -151,14 +156,12 @@ def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, broker,
 
 
 def test_a_python_worker_that_connects_back_too_late_restarts_the_query_and_changes_no_result(
-        spark, broker, reference, tmp_path):
+        spark, stream, reference, tmp_path):
     """Spark waits a fixed 10 s for a new Python process (the runner of each streaming
     source) to connect back; on a busy machine it can miss that and the query fails with
     "Python worker failed to connect back". The run restarts the query and its results are
     those of a run that never met it. The fault is real: PYSPARK_PYTHON is a wrapper that
     holds the first streaming source runner for 15 s before it starts Python."""
-    import uuid
-
     marker = tmp_path / "held"
     wrapper = tmp_path / "python"
     wrapper.write_text(f"""#!/bin/bash
@@ -166,9 +169,8 @@ if [[ "$*" == *python_streaming_source_runner* ]] && mkdir {marker} 2>/dev/null;
 exec {sys.executable} "$@"
 """)
     wrapper.chmod(0o755)
-    root, topic = tmp_path / "lake", f"slow-{uuid.uuid4().hex[:8]}"
-    definition = example("orders", tmp_path, topic, lateness="5s")
-    code, out = first_wave_then_second(spark, root, definition, topic, env={"PYSPARK_PYTHON": str(wrapper)})
+    definition, root = stream[0], lake_after_wave_1(stream, tmp_path)
+    code, out = pipeline(root, definition, env={"PYSPARK_PYTHON": str(wrapper)})
     assert marker.exists(), f"the wrapper should have held a streaming source runner:\n{out[-3000:]}"
     assert code == 0, out[-3000:]
     assert "after a transient failure: " in out and "Python worker failed to connect back" in out, out[-3000:]

@@ -124,7 +124,14 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
         twice = joined.where("s + q > 1")
         extra = joined.where("timestamp IS NULL")  # every Kafka record has a timestamp
         missing = joined.where("s IS NULL AND q IS NULL")
-        n_missing = missing.count()
+        # Every count in one Spark job (each job is a round trip to a busy Connect server).
+        counts = joined.agg(
+            F.count_if(F.col("timestamp").isNotNull()).alias("bronze"),
+            F.coalesce(F.sum("s"), F.lit(0)).alias("silver"), F.coalesce(F.sum("q"), F.lit(0)).alias("quarantine"),
+            F.count_if(F.expr("s IS NULL AND q IS NULL")).alias("missing"),
+            F.count_if(F.expr("s + q > 1")).alias("twice"), F.count_if(F.col("timestamp").isNull()).alias("extra"),
+        ).first()
+        n_missing = counts.missing
         n_dup, dup_lineage = 0, None
         if definition.event_id and n_missing:
             valid = parse_events(missing, definition).where(F.col(REASON).isNull()).select(
@@ -133,13 +140,9 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
                 F.col(f"`{definition.event_time}`").alias("_t")).persist()
             dup = valid.join(_silver_ids_near(spark, tables["silver"], definition, valid), "_id", "left_semi")
             n_dup, dup_lineage = dup.count(), dup.select(*LINEAGE)
-        counts = joined.agg(
-            F.count_if(F.col("timestamp").isNotNull()).alias("bronze"),
-            F.coalesce(F.sum("s"), F.lit(0)).alias("silver"), F.coalesce(F.sum("q"), F.lit(0)).alias("quarantine"),
-        ).first()
         report = AccountingReport(
             through, since_version, counts.bronze, counts.silver, counts.quarantine, n_dup, n_missing - n_dup,
-            twice.count(), extra.count())
+            counts.twice, counts.extra)
         unaccounted = missing if dup_lineage is None else missing.join(dup_lineage, LINEAGE, "left_anti")
         for name, df in (("unaccounted", unaccounted), ("counted_twice", twice), ("extra", extra)):
             if getattr(report, name):
@@ -265,33 +268,37 @@ def check_gold(spark, tables: dict[str, str], definition: PipelineDefinition, ag
     for c in same_key[1:] + touch:
         condition = condition & c
     windows = recomputed.join(gold_rows, [*keys, "_wstart", "_wend"], "full_outer")
-    flagged = windows.alias("w").join(pending.alias("p"), condition, "left").select(
+    # One Spark job counts (below); only a failure reads its examples, in a second pass.
+    joined = windows.alias("w").join(pending.alias("p"), condition, "left").select(
         "w.*", F.col("p._pending").alias("_pending")).dropDuplicates([*keys, "_wstart", "_wend"])
-    joined = flagged.persist()
-    try:
-        settled = joined.where(F.col("_pending").isNull())
-        missing = settled.where(F.col("g_events").isNull())
-        extra = settled.where(F.col("r_events").isNull())
-        both = settled.where(F.col("g_events").isNotNull() & F.col("r_events").isNotNull())
-        differs = F.lit(False)
-        for c in compared:
-            differs = differs | ~F.col(f"g{c}").eqNullSafe(F.col(f"r{c}"))
-        for c in avgs:
-            expected = F.col(f"r_sum_{c}").cast("double") / F.col(f"r_count_{c}")
-            differs = differs | (F.col(f"g{c}").isNull() != expected.isNull()) | \
-                (F.abs(F.col(f"g{c}") - expected) > AVG_TOLERANCE)
-        bad = both.where(differs)
-        n_bad = bad.count()
-        report.windows_checked = both.count() - n_bad
-        report.windows_pending = joined.where(F.col("_pending")).count()
-        report.missing, report.extra, report.mismatched = missing.count(), extra.count(), n_bad
-        for name, df in (("missing", missing), ("extra", extra), ("mismatched", bad)):
-            if getattr(report, name):
-                report.examples[name] = [
-                    f"{'/'.join(str(r[k]) for k in keys) or '(all)'} [{_dt(r._wstart):%H:%M:%S}, {_dt(r._wend):%H:%M:%S})"
-                    for r in df.limit(EXAMPLES).collect()]
-    finally:
-        joined.unpersist()
+    settled = joined.where(F.col("_pending").isNull())
+    missing = settled.where(F.col("g_events").isNull())
+    extra = settled.where(F.col("r_events").isNull())
+    both = settled.where(F.col("g_events").isNotNull() & F.col("r_events").isNotNull())
+    differs = F.lit(False)
+    for c in compared:
+        differs = differs | ~F.col(f"g{c}").eqNullSafe(F.col(f"r{c}"))
+    for c in avgs:
+        expected = F.col(f"r_sum_{c}").cast("double") / F.col(f"r_count_{c}")
+        differs = differs | (F.col(f"g{c}").isNull() != expected.isNull()) | \
+            (F.abs(F.col(f"g{c}") - expected) > AVG_TOLERANCE)
+    differs = F.coalesce(differs, F.lit(False))  # an avg compared with NULL: the isNull test decides
+    bad = both.where(differs)
+    settled_row = F.col("_pending").isNull()
+    has_g, has_r = F.col("g_events").isNotNull(), F.col("r_events").isNotNull()
+    counts = joined.agg(  # every count in one Spark job
+        F.count_if(settled_row & has_g & has_r & ~differs).alias("equal"),
+        F.count_if(settled_row & has_g & has_r & differs).alias("mismatched"),
+        F.count_if(F.col("_pending")).alias("pending"),
+        F.count_if(settled_row & ~has_g).alias("missing"), F.count_if(settled_row & ~has_r).alias("extra"),
+    ).first()
+    report.windows_checked, report.windows_pending = counts.equal, counts.pending
+    report.missing, report.extra, report.mismatched = counts.missing, counts.extra, counts.mismatched
+    for name, df in (("missing", missing), ("extra", extra), ("mismatched", bad)):
+        if getattr(report, name):
+            report.examples[name] = [
+                f"{'/'.join(str(r[k]) for k in keys) or '(all)'} [{_dt(r._wstart):%H:%M:%S}, {_dt(r._wend):%H:%M:%S})"
+                for r in df.limit(EXAMPLES).collect()]
     if late_seen_through is not None:
         late = read_table(spark, late_path, late_spec(definition, aggregate)).where(
             (F.col("applied") == False) & (F.col("silver_version") <= late_seen_through))  # noqa: E712
