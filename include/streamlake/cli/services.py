@@ -226,18 +226,22 @@ def cmd_demo(args) -> int:
 
 
 def cmd_stop(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import groupby
+
     from streamlake.operations.control import JobControl
 
     running = procs.running_services()
     if not running:
         print("nothing running")
         return 0
-    # Airflow first (its tasks run jobs), then jobs and producer, the Spark cluster, Kafka last.
+    # Airflow first (its tasks run jobs), then jobs and producers, the Spark cluster, Kafka last;
+    # the services of one rank side by side (each JVM takes a second or two to shut down).
     def rank(name: str) -> int:
         return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "kafka": 4, "s3": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
-    for state in sorted(running, key=lambda s: rank(s.name)):
+    def stop(state) -> str:
         if state.name == "pipeline" and state.info.get("control"):
             JobControl(state.info["control"]).request_stop()
             try:
@@ -245,7 +249,13 @@ def cmd_stop(args) -> int:
             except TimeoutError:
                 pass
         procs.stop(state.name)
-        print(f"stopped {state.name} (pid {state.pid})")
+        return f"stopped {state.name} (pid {state.pid})"
+
+    ordered = sorted(running, key=lambda s: rank(s.name))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _rank, group in groupby(ordered, key=lambda s: rank(s.name)):
+            for line in pool.map(stop, list(group)):
+                print(line, flush=True)
     return 0
 
 
