@@ -62,8 +62,8 @@ def job_defaults(job: str, short_run: bool = False) -> dict[str, str]:
 # write barriers cost CPU and its short pauses buy nothing. Measured here (2 cores), the same
 # Spark work 12 times on a new Spark Connect server: 38.3/38.9 CPU-s with G1 (the default),
 # 36.8 with this collector (36.5 serial), and as cheap or cheaper warm, in the last 10 rounds
-# (19.5 against 20.6 CPU-s); the test suite's files with everything on a throughput collector:
-# 6 % less CPU. A job's own extraJavaOptions must not pick another collector: the JVM refuses
+# (19.5 against 20.6 CPU-s); two of the test suite's files with every JVM on the serial
+# collector (as cheap as this one on the server): 6 % less CPU. A job's own extraJavaOptions must not pick another collector: the JVM refuses
 # two (set spark.driver/executor.defaultJavaOptions instead).
 GC_JAVA_OPTION = "-XX:+UseParallelGC"
 
