@@ -182,8 +182,13 @@ def test_the_views_read_well_in_the_browser(live_platform, page):
 
 def test_airflow_backfill_restates_data_intervals_and_every_check_passed(live_platform):
     """Airflow's own Backfill (the trigger dialog's Backfill) of the orders pipeline's DAG, then
-    every check the platform recorded in this module: all passed, after every operation."""
+    every check the platform recorded in this module: all passed, after every operation. First,
+    `streamlake check` by hand, as a user types it: a thin client of the Spark Connect server
+    `make run` started, which it finds by itself (no --remote)."""
     rest = live_platform.rest
+    by_hand = live_platform.streamlake("check", "--job", "orders", "--operation", "check-by-hand", timeout=300)
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    assert "check:orders on the Spark Connect server sc://" in by_hand.stderr, by_hand.stderr
     now = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
     rest.backfill("backfill_orders", (now - dt.timedelta(hours=2)).isoformat(),
                   (now - dt.timedelta(hours=1)).isoformat())
@@ -196,7 +201,8 @@ def test_airflow_backfill_restates_data_intervals_and_every_check_passed(live_pl
     assert backfilled and all(r["state"] == "success" for r in backfilled), backfilled
     assert all(r["data_interval_end"] > r["data_interval_start"] for r in backfilled), "runs have data intervals"
 
-    for job, operations in (("sensors", ("savepoint", "restore", "rescale", "backfill")), ("orders", ("backfill",))):
+    for job, operations in (("sensors", ("savepoint", "restore", "rescale", "backfill")),
+                            ("orders", ("backfill", "check-by-hand"))):
         status, checks = rest.call("GET", f"/streamlake/api/checks?job={job}&limit=1000")
         assert status == 200 and checks, checks
         assert all(c["verdict"] == "PASS" for c in checks), [c["summary"] for c in checks if c["verdict"] != "PASS"]

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from conftest import SPARK_CONNECT_PORT
 from helpers import example
 from streamlake.operations.consistency import ConsistencyError, recent_checks
 from streamlake.operations.jobs import JobSpec, save_job
@@ -69,21 +70,11 @@ def test_verify_fails_with_the_failed_check_named_when_gold_is_wrong(spark, job)
     assert failed[0]["table_path"].endswith("gold/revenue_5m")
 
 
-@pytest.fixture(scope="module")
-def spark_connect_server():
-    """The platform's Spark Connect server (as `make run` starts it) on a free port."""
-    from streamlake.platform import spark_connect
-    from platform_harness import free_port
-
-    server = spark_connect.start(free_port())
-    yield server["url"]
-    spark_connect.stop()
-
-
-def test_check_runs_on_the_spark_connect_server_and_finds_what_verify_finds(spark, produce, job,
-                                                                             spark_connect_server, broker):
-    """`streamlake check` with the platform's Spark Connect server up: a thin client of it (no
-    JVM of its own) that records the same checks; a wrong gold table fails there too."""
+def test_check_runs_on_a_spark_connect_server_and_finds_what_verify_finds(spark, produce, job, broker):
+    """`streamlake check --remote`: a thin client of a Spark Connect server (no JVM of its own;
+    here the test session's, Spark's SparkConnectPlugin) that records the same checks; a wrong
+    gold table fails there too. That `streamlake check` finds the server `make run` started by
+    itself is shown on the running platform (test_live_platform.py)."""
     import os
     import subprocess
     import sys
@@ -93,11 +84,12 @@ def test_check_runs_on_the_spark_connect_server_and_finds_what_verify_finds(spar
 
     cli = str(Path(sys.executable).parent / "streamlake")
     env = {**os.environ, "STREAMLAKE_KAFKA_BOOTSTRAP": broker}
+    server = f"sc://127.0.0.1:{SPARK_CONNECT_PORT}"
     run_once(spark, job)
-    done = subprocess.run([cli, "check", "--job", job.name, "--operation", "on-connect"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([cli, "check", "--job", job.name, "--operation", "on-connect", "--remote", server],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"check:{job.name} on the Spark Connect server {spark_connect_server}" in done.stderr
+    assert f"check:{job.name} on the Spark Connect server {server}" in done.stderr
     recorded = [r for r in recent_checks(50, job.name) if r["operation"] == "on-connect"]
     assert sorted(r["kind"] for r in recorded) == ["gold", "gold", "kafka-audit", "pipeline-accounting"]
     assert all(r["verdict"] == "PASS" for r in recorded), recorded
@@ -106,7 +98,7 @@ def test_check_runs_on_the_spark_connect_server_and_finds_what_verify_finds(spar
     produce(job.source_topics[0], 100, seed=63, definition=job.definition)
     run_once(spark, job)
     DeltaTable(job.table_path("gold/activity")).update({"orders": "orders + 1"})
-    failed = subprocess.run([cli, "check", "--job", job.name, "--operation", "on-connect-2"], env=env,
-                            capture_output=True, text=True, timeout=300)
+    failed = subprocess.run([cli, "check", "--job", job.name, "--operation", "on-connect-2", "--remote", server],
+                            env=env, capture_output=True, text=True, timeout=300)
     assert failed.returncode == 3, failed.stdout + failed.stderr
     assert "gold/activity check" in failed.stderr + failed.stdout and "VIOLATED" in failed.stderr + failed.stdout
