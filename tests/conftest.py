@@ -441,3 +441,17 @@ def live_platform():
         yield platform
     finally:
         platform.stop()
+        _keep_platform_logs(platform.home)
+
+
+def _keep_platform_logs(home: Path, target: Path = Path(__file__).parent / "artifacts" / "live-platform-logs") -> None:
+    """Copy the live platform's task logs (Airflow's, one file per try) and service logs to
+    tests/artifacts/ (a passing session's directory is deleted): where a run took long or
+    was retried, its tasks' logs say why."""
+    import shutil
+
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for source, name in ((home / "airflow" / "logs", "airflow"), (home / "logs", "services")):
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("dag_processor"))
