@@ -219,3 +219,54 @@ def test_schema_changes(spark):
     assert _failing(report) == {"columns": "critical", "type:kafka_timestamp": "critical",
                                 "not_null:kafka_timestamp": "warning"}, report.summary()
     assert report.outcome("type:kafka_timestamp").exception
+
+
+def test_map_expectations_give_the_same_outcomes_without_their_limit_zero_queries(spark, monkeypatch):
+    """streamlake.quality.gx_spark answers GX's ``limit(0)`` unexpected-value queries without
+    Spark: with broken rows for column, column-pair and compound-key expectations, every
+    outcome (examples of the second pass included) equals GX's own, and the first pass sends
+    none of those queries to Spark while GX's own sends one per map expectation."""
+    from dataclasses import asdict
+
+    from great_expectations.expectations import registry
+
+    from streamlake.quality import gx_spark
+
+    gx_spark.skip_empty_unexpected_value_queries()
+    skipped = gx_spark.skipped_metrics()
+    assert {"column_values.nonnull.unexpected_values", "column_pair_values.a_greater_than_b.unexpected_values",
+            "compound_columns.unique.unexpected_values"} <= set(skipped), skipped
+    providers = {name: registry._registered_metrics[name]["providers"] for name in skipped}
+    ours = {name: p[gx_spark.ENGINE] for name, p in providers.items()}
+    queries = []
+
+    def counted(query):
+        def run(*args, **kwargs):
+            queries.append(kwargs["metric_value_kwargs"]["result_format"]["partial_unexpected_count"])
+            return query(*args, **kwargs)
+        return run
+
+    gold = samples.clean_rows(SENSORS, "gold/per_minute", 5)
+    gold[0]["window_end"] = gold[0]["window_start"]
+    gold[1] = {**gold[2], "_events": 2}                   # the same window twice
+    silver = samples.clean_rows(ORDERS, "silver", 5)
+    silver[0]["customer"] = None
+    silver[2]["order_id"] = silver[3]["order_id"]
+    cases = [(SENSORS, "gold/per_minute", gold), (ORDERS, "silver", silver)]
+
+    def outcomes():
+        return [[asdict(o) for o in _validate(spark, d, t, rows).outcomes] for d, t, rows in cases]
+
+    with monkeypatch.context() as m:  # GX's own queries, each counted
+        m.setattr(gx_spark, "skip_empty_unexpected_value_queries", lambda: 0)
+        for name, p in providers.items():
+            m.setitem(p, gx_spark.ENGINE, (ours[name][0], counted(ours[name][1].__wrapped__)))
+        theirs = outcomes()
+        assert queries.count(0) >= 10, queries
+    queries.clear()
+    for name, p in providers.items():  # ours, the same queries counted when they reach GX's
+        monkeypatch.setitem(p, gx_spark.ENGINE, (ours[name][0], gx_spark._skipping(counted(ours[name][1].__wrapped__))))
+    monkeypatch.setattr(gx_spark, "skip_empty_unexpected_value_queries", lambda: 0)
+    assert outcomes() == theirs
+    assert 0 not in queries and queries, queries  # only the second passes' (examples) reached Spark
+    assert any(o["examples"] for case in theirs for o in case)
