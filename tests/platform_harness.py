@@ -102,7 +102,7 @@ class AirflowREST:
             run = self.run(dag_id, run_id)
             if run["state"] in FINISHED:
                 return {**run, "seconds": _seconds(run)}
-            time.sleep(3)
+            time.sleep(1)  # a GET of one run: cheap; a test waits on a dozen runs one after the other
         raise AssertionError(f"{dag_id} run {run_id} did not finish within {timeout:g}s "
                              f"(state {self.run(dag_id, run_id)['state']}); {self.failed_tasks(dag_id, run_id)}")
 

@@ -63,8 +63,9 @@ def job_defaults(job: str, short_run: bool = False) -> dict[str, str]:
 # Spark work 12 times on a new Spark Connect server: 38.3/38.9 CPU-s with G1 (the default),
 # 36.8 with this collector (36.5 serial), and as cheap or cheaper warm, in the last 10 rounds
 # (19.5 against 20.6 CPU-s); two of the test suite's files with every JVM on the serial
-# collector (as cheap as this one on the server): 6 % less CPU. A job's own extraJavaOptions must not pick another collector: the JVM refuses
-# two (set spark.driver/executor.defaultJavaOptions instead).
+# collector (as cheap as this one on the server): 6 % less CPU. A job's own extraJavaOptions
+# must not pick another collector: the JVM refuses two (set
+# spark.driver/executor.defaultJavaOptions instead).
 GC_JAVA_OPTION = "-XX:+UseParallelGC"
 
 
