@@ -221,28 +221,33 @@ def test_schema_changes(spark):
     assert report.outcome("type:kafka_timestamp").exception
 
 
-def test_map_expectations_give_the_same_outcomes_without_their_limit_zero_queries(spark, monkeypatch):
-    """streamlake.quality.gx_spark answers GX's ``limit(0)`` unexpected-value queries without
-    Spark: with broken rows for column, column-pair and compound-key expectations, every
-    outcome (examples of the second pass included) equals GX's own, and the first pass sends
-    none of those queries to Spark while GX's own sends one per map expectation."""
+def test_gx_gives_the_same_outcomes_without_the_queries_whose_answer_is_not_used(spark, monkeypatch):
+    """streamlake.quality.gx_spark answers GX's ``limit(0)`` unexpected-value queries and the
+    rows of rule queries outside ``COMPLETE`` without Spark: with broken rows for column,
+    column-pair, compound-key and rule expectations, every outcome (examples of the second
+    pass included) equals GX's own; GX's own sends those queries (one per map expectation
+    in the first pass, one per rule in each pass), ours sends none of them to Spark."""
     from dataclasses import asdict
 
     from great_expectations.expectations import registry
 
     from streamlake.quality import gx_spark
 
-    gx_spark.skip_empty_unexpected_value_queries()
+    gx_spark.skip_needless_queries()
     skipped = gx_spark.skipped_metrics()
-    assert {"column_values.nonnull.unexpected_values", "column_pair_values.a_greater_than_b.unexpected_values",
-            "compound_columns.unique.unexpected_values"} <= set(skipped), skipped
+    assert {"column_values.nonnull.unexpected_values": "limit_zero",
+            "column_pair_values.a_greater_than_b.unexpected_values": "limit_zero",
+            "compound_columns.unique.unexpected_values": "limit_zero",
+            "unexpected_rows_query.table": "rows_unused"}.items() <= skipped.items(), skipped
     providers = {name: registry._registered_metrics[name]["providers"] for name in skipped}
     ours = {name: p[gx_spark.ENGINE] for name, p in providers.items()}
-    queries = []
+    reached = []  # (metric, whether its answer is used) of each query that reached GX's own function
 
-    def counted(query):
+    def counted(name, query):
+        needless = getattr(gx_spark, skipped[name])
+
         def run(*args, **kwargs):
-            queries.append(kwargs["metric_value_kwargs"]["result_format"]["partial_unexpected_count"])
+            reached.append((name, needless(kwargs)))
             return query(*args, **kwargs)
         return run
 
@@ -252,21 +257,28 @@ def test_map_expectations_give_the_same_outcomes_without_their_limit_zero_querie
     silver = samples.clean_rows(ORDERS, "silver", 5)
     silver[0]["customer"] = None
     silver[2]["order_id"] = silver[3]["order_id"]
+    silver[4]["amount"] = -silver[4]["amount"]            # breaks the rule positive_amount
     cases = [(SENSORS, "gold/per_minute", gold), (ORDERS, "silver", silver)]
 
     def outcomes():
         return [[asdict(o) for o in _validate(spark, d, t, rows).outcomes] for d, t, rows in cases]
 
     with monkeypatch.context() as m:  # GX's own queries, each counted
-        m.setattr(gx_spark, "skip_empty_unexpected_value_queries", lambda: 0)
+        m.setattr(gx_spark, "skip_needless_queries", lambda: 0)
         for name, p in providers.items():
-            m.setitem(p, gx_spark.ENGINE, (ours[name][0], counted(ours[name][1].__wrapped__)))
+            m.setitem(p, gx_spark.ENGINE, (ours[name][0], counted(name, ours[name][1].__wrapped__)))
         theirs = outcomes()
-        assert queries.count(0) >= 10, queries
-    queries.clear()
+    needless = [name for name, skip in reached if skip]
+    assert sum(n.endswith(".unexpected_values") for n in needless) >= 10, reached
+    assert needless.count(gx_spark.ROWS_QUERY_TABLE) >= 4, reached  # 2 rules, 2 passes
+    reached.clear()
     for name, p in providers.items():  # ours, the same queries counted when they reach GX's
-        monkeypatch.setitem(p, gx_spark.ENGINE, (ours[name][0], gx_spark._skipping(counted(ours[name][1].__wrapped__))))
-    monkeypatch.setattr(gx_spark, "skip_empty_unexpected_value_queries", lambda: 0)
+        test = getattr(gx_spark, skipped[name])
+        monkeypatch.setitem(p, gx_spark.ENGINE,
+                            (ours[name][0], gx_spark._skipping(counted(name, ours[name][1].__wrapped__), test)))
+    monkeypatch.setattr(gx_spark, "skip_needless_queries", lambda: 0)
     assert outcomes() == theirs
-    assert 0 not in queries and queries, queries  # only the second passes' (examples) reached Spark
+    assert reached and not any(skip for _, skip in reached), reached  # only the examples reached Spark
     assert any(o["examples"] for case in theirs for o in case)
+    assert any(o["key"] == "rule:positive_amount" and not o["success"] and o["observed_value"] == 1
+               for case in theirs for o in case), theirs
