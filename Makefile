@@ -6,7 +6,7 @@ BIN   := $(VENV)/bin
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup test test-fast test-scenarios run stop bench lock clean
+.PHONY: setup test test-fast test-scenarios profile-test run stop bench lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,6 +27,11 @@ test: setup
 # failure-rate give-up, two roots' runs and backfills. make test + make test-scenarios = every test.
 test-scenarios: setup
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 -m scenario
+
+# make test under a CPU profile by kind of process (JVMs, Spark's Python helpers, Airflow,
+# the browser...): bench/results/make_test_cpu.md, .json, .png.
+profile-test: setup
+	$(BIN)/python bench/cpu_profile.py -- $(MAKE) test
 
 # Before every commit (about 3 minutes): unit tests, definitions, DAGs and forms, views, CLI,
 # the generator, one small end-to-end run of the demo pipeline (the list: tests/conftest.py).
