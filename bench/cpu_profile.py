@@ -45,20 +45,20 @@ KINDS: list[tuple[str, re.Pattern]] = [(kind, re.compile(pattern)) for kind, pat
     ("JVM: spark-submit job", r"java .*SparkSubmit"),
     ("JVM: other", r"^\S*java "),
     ("Python: Spark streaming source runner", r"python_streaming_source_runner"),
-    ("Python: Spark worker and planner daemons", r"pyspark\.(daemon|worker)|pyspark/(daemon|worker)"),
+    ("Python: Spark worker and planner daemons", r"-m pyspark\.(daemon|worker)\b"),
     ("Python: job driver (jobs/*.py)", r"/jobs/\w+\.py"),
-    ("Python: pytest", r"pytest|execnet"),
-    ("Airflow: scheduler", r"airflow scheduler"),
-    ("Airflow: API server", r"airflow api[-_]server|api_server"),
-    ("Airflow: DAG processor", r"airflow dag-processor"),
-    ("Airflow: triggerer", r"airflow triggerer"),
-    ("Airflow: task processes", r"airflow (worker|tasks|dags test)|airflow-task|supervisor"),
-    ("Airflow: other", r"airflow"),
-    ("browser (Chromium, Playwright)", r"chrom|headless_shell|playwright"),
-    ("Kafka broker (tansu)", r"tansu"),
-    ("S3 server (moto)", r"moto"),
-    ("producers", r"streamlake produce"),
-    ("streamlake CLI", r"bin/streamlake"),
+    ("producers", r"bin/streamlake produce\b"),
+    ("streamlake CLI", r"bin/streamlake "),
+    ("Python: pytest", r"bin/pytest |exec\(eval\(sys\.stdin|^\[pytest-xdist"),  # xdist workers: execnet's command
+    ("Airflow: scheduler", r"bin/airflow scheduler"),
+    ("Airflow: API server", r"bin/airflow api[-_]server|^airflow api_server"),
+    ("Airflow: DAG processor", r"bin/airflow dag-processor"),
+    ("Airflow: triggerer", r"bin/airflow triggerer"),
+    ("Airflow: task processes", r"^airflow (worker|task)|bin/airflow (tasks|dags test)"),
+    ("Airflow: other", r"bin/airflow |^airflow "),
+    ("browser (Chromium, Playwright)", r"chrom|headless_shell|playwright/driver"),
+    ("Kafka broker (tansu)", r"bin/tansu "),
+    ("S3 server (moto)", r"\bmoto\b"),
     ("set-up (pip, venv, class archive)", r"\bpip\b|-m venv|class_archive"),
 ]]
 
@@ -85,6 +85,7 @@ class ProcessSampler:
         self._last: dict[tuple[str, str], int] = {}
         self._cmd: dict[tuple[str, str], str] = {}
         self.by_kind: Counter = Counter()
+        self.by_process: Counter = Counter()
         self.processes: Counter = Counter()
         self.bins: dict[int, Counter] = defaultdict(Counter)
         self.machine_bins: Counter = Counter()
@@ -140,7 +141,11 @@ class ProcessSampler:
             if used > 0:
                 kind = kind_of(self._cmd[key])
                 self.by_kind[kind] += used
+                self.by_process[key] += used
                 self.bins[slot][kind] += used
+
+    def command_line(self, key: tuple[str, str]) -> str:
+        return self._cmd.get(key, "")
 
     _started_since_boot: float | None = None
 
@@ -167,6 +172,9 @@ def report(sampler: ProcessSampler, command: list[str], seconds: float, code: in
                                                    for i in range(max(sampler.machine_bins) + 1)],
                      "by_kind": {k: [round(sampler.bins[i][k] / BIN_S, 2) for i in range(max(sampler.machine_bins) + 1)]
                                  for k in sampler.by_kind}}}
+    result["largest_processes"] = [
+        {"pid": int(key[0]), "kind": kind_of(sampler.command_line(key)), "cpu_s": round(cpu, 1),
+         "command": sampler.command_line(key)[:300]} for key, cpu in sampler.by_process.most_common(30)]
     summarize(result)
     return result
 
