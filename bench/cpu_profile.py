@@ -207,14 +207,20 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     bins = result["bins"]
-    top = [k["kind"] for k in result["kinds"] if k["kind"] in bins["by_kind"]][:9]
-    rest = [k for k in bins["by_kind"] if k not in top]
     n = len(bins["machine"])
+    grouped: dict[str, list[float]] = {}
+    for kind, values in bins["by_kind"].items():  # Airflow's services and tasks as one series
+        name = "Airflow: services and tasks" if kind.startswith("Airflow:") else kind
+        previous = grouped.get(name, [0.0] * n)
+        grouped[name] = [a + b for a, b in zip(previous, values)]
+    order = sorted(grouped, key=lambda k: -sum(grouped[k]))
+    top, rest = order[:11], order[11:]
     minutes = [i * bins["seconds"] / 60 for i in range(n)]
-    series = [bins["by_kind"][k] for k in top]
-    series.append([sum(bins["by_kind"][k][i] for k in rest) for i in range(n)])
+    series = [grouped[k] for k in top]
+    series.append([sum(grouped[k][i] for k in rest) for i in range(n)])
     fig, ax = plt.subplots(figsize=(11, 5.5))
-    ax.stackplot(minutes, *series, labels=[*top, "everything else"], step="post", alpha=0.85)
+    colors = [plt.get_cmap("tab20")(i) for i in range(len(series))]
+    ax.stackplot(minutes, *series, labels=[*top, "everything else"], colors=colors, step="post", alpha=0.9)
     ax.step(minutes, bins["machine"], where="post", color="black", linewidth=0.8, label="machine, all processes")
     ax.axhline(result["cores"], color="red", linestyle="--", linewidth=1, label=f"{result['cores']} cores")
     ax.set_xlabel("minutes since the command started")
