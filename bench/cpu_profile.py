@@ -91,7 +91,9 @@ class ProcessSampler:
         self.machine_bins: Counter = Counter()
         self._machine_last = _machine_busy_ticks()
         self.machine_total = 0.0
+        self._since_boot = float(open("/proc/uptime").read().split()[0])  # when sampling started
         self._stop = threading.Event()
+        self.lock = threading.Lock()  # held while a reading updates the counters
         self._read(first=True)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -109,6 +111,10 @@ class ProcessSampler:
             self._read()
 
     def _read(self, first: bool = False) -> None:
+        with self.lock:
+            self._read_all(first)
+
+    def _read_all(self, first: bool) -> None:
         slot = int((time.monotonic() - self.started) // BIN_S)
         busy = _machine_busy_ticks()
         self.machine_bins[slot] += (busy - self._machine_last) / TICK
@@ -133,10 +139,9 @@ class ProcessSampler:
             if first:
                 continue
             if previous is None:
-                kind = kind_of(self._cmd[key])
-                self.processes[kind] += 1
+                self.processes[kind_of(self._cmd[key])] += 1
                 # a process that started after the sampler: all its CPU is the command's
-                previous = 0 if int(fields[19]) / TICK >= self._boot_offset() else ticks
+                previous = 0 if int(fields[19]) / TICK >= self._since_boot else ticks
             used = (ticks - previous) / TICK
             if used > 0:
                 kind = kind_of(self._cmd[key])
@@ -147,14 +152,6 @@ class ProcessSampler:
     def command_line(self, key: tuple[str, str]) -> str:
         return self._cmd.get(key, "")
 
-    _started_since_boot: float | None = None
-
-    def _boot_offset(self) -> float:
-        if self._started_since_boot is None:
-            uptime = float(open("/proc/uptime").read().split()[0])
-            self._started_since_boot = uptime - (time.monotonic() - self.started)
-        return self._started_since_boot
-
 
 def report(sampler: ProcessSampler, command: list[str], seconds: float, code: int) -> dict:
     attributed = sum(sampler.by_kind.values())
@@ -164,14 +161,14 @@ def report(sampler: ProcessSampler, command: list[str], seconds: float, code: in
                   "share": round(1 - attributed / sampler.machine_total, 3) if sampler.machine_total else 0,
                   "processes": 0})
     cores = os.cpu_count() or 1
+    slots = range(max(sampler.machine_bins) + 1)
     result = {"command": " ".join(command), "exit_code": code, "wall_s": round(seconds, 1), "cores": cores,
-            "machine_cpu_s": round(sampler.machine_total, 1),
-            "busy": round(sampler.machine_total / (cores * seconds), 3) if seconds else 0,
-            "machine": machine(), "load_at_end": load(), "kinds": kinds,
-            "bins": {"seconds": BIN_S, "machine": [round(sampler.machine_bins[i] / BIN_S, 2)
-                                                   for i in range(max(sampler.machine_bins) + 1)],
-                     "by_kind": {k: [round(sampler.bins[i][k] / BIN_S, 2) for i in range(max(sampler.machine_bins) + 1)]
-                                 for k in sampler.by_kind}}}
+              "machine_cpu_s": round(sampler.machine_total, 1),
+              "busy": round(sampler.machine_total / (cores * seconds), 3) if seconds else 0,
+              "machine": machine(), "measured_at": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+              "load_at_end": load(), "kinds": kinds,
+              "bins": {"seconds": BIN_S, "machine": [round(sampler.machine_bins[i] / BIN_S, 2) for i in slots],
+                       "by_kind": {k: [round(sampler.bins[i][k] / BIN_S, 2) for i in slots] for k in sampler.by_kind}}}
     result["largest_processes"] = [
         {"pid": int(key[0]), "kind": kind_of(sampler.command_line(key)), "cpu_s": round(cpu, 1),
          "command": sampler.command_line(key)[:300]} for key, cpu in sampler.by_process.most_common(30)]
@@ -190,7 +187,7 @@ def summarize(result: dict) -> None:
 
 def markdown(result: dict) -> str:
     lines = [f"# CPU by kind of process: `{result['command']}`", "",
-             f"{result['machine']}; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC. Wall {result['wall_s']:.0f} s "
+             f"{result['machine']}; {result['measured_at']} UTC (the end). Wall {result['wall_s']:.0f} s "
              f"(exit {result['exit_code']}); the machine was busy {100 * result['busy']:.0f} % of the time "
              f"({result['machine_cpu_s']:.0f} CPU-s of {result['cores'] * result['wall_s']:.0f}). "
              "CPU read from /proc once a second per process (bench/cpu_profile.py).", "",
@@ -240,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         return rewrite_results(RESULTS, args.name, summarize, markdown, plot)
-    command = [c for c in args.command if c != "--"] or ["make", "test"]
+    command = (args.command[1:] if args.command[:1] == ["--"] else args.command) or ["make", "test"]
     sampler = ProcessSampler().start()
     started = time.monotonic()
     child = subprocess.Popen(command)
@@ -249,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             child.wait(timeout=60)
         except subprocess.TimeoutExpired:
             elapsed = time.monotonic() - started
-            print(f"[cpu_profile] {elapsed / 60:.0f} min: machine {sampler.machine_total:.0f} CPU-s "
-                  f"({100 * sampler.machine_total / ((os.cpu_count() or 1) * elapsed):.0f} % busy); "
-                  f"most: {', '.join(f'{k} {v:.0f}' for k, v in sampler.by_kind.most_common(3))}", flush=True)
+            with sampler.lock:
+                busy, most = sampler.machine_total, sampler.by_kind.most_common(3)
+            print(f"[cpu_profile] {elapsed / 60:.0f} min: machine {busy:.0f} CPU-s "
+                  f"({100 * busy / ((os.cpu_count() or 1) * elapsed):.0f} % busy); "
+                  f"most: {', '.join(f'{k} {v:.0f}' for k, v in most)}", flush=True)
     seconds = time.monotonic() - started
     sampler.stop()
     write_results(RESULTS, args.name, report(sampler, command, seconds, child.returncode), markdown, plot)
