@@ -90,10 +90,10 @@ def spark(broker):
     session = get_spark("streamlake-tests", master="local[2]", conf={
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
-        # C1-only JIT without code cache flushing, as for the platform's short-lived jobs: the
+        # C1-only JIT with a 240 MB code cache, as for the platform's short-lived jobs: the
         # session runs hundreds of small queries, each planned anew, and C2's compilations cost
         # more CPU than they save before it ends. Measured on test_verify.py + test_backfill.py:
-        # 282-292 -> 216-219 CPU-s, 166-174 -> 139-140 s (C1 only; what flushing cost: SHORT_RUN_JVM).
+        # 282-292 -> 216-219 CPU-s, 166-174 -> 139-140 s (C1 only; what the code cache size changed: SHORT_RUN_JVM).
         **SHORT_RUN_JVM,
         "spark.plugins": SERVER_PLUGIN,
         "spark.connect.grpc.binding.address": "127.0.0.1",

@@ -30,25 +30,20 @@ SPARK_DEFAULTS: dict[str, str] = {
 }
 
 
-# The bronze job's JVMs, continuous runs included, stop JIT compilation at C1 (JOB_DEFAULTS).
-C1_ONLY_JVM: dict[str, str] = {
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-}
-
 # A JVM that lives for one short run (an available-now pipeline run, a check, a backfill; the
 # test session) stops JIT compilation at C1: C2's compilations cost more CPU than they save
 # before it exits. Measured here: an available-now pipeline run of 1,300 records, 50-54 -> 32-35
-# CPU-s and 37-40 -> 33-36 s. It also keeps what C1 compiled (no code cache flushing): Spark
-# generates classes for every plan, and with flushing the sweeper evicted compiled methods that
-# C1 then compiled again. Measured on tests/test_pipelines.py's session JVM: its C1 compiler
-# threads 15-16 -> 6.1-6.3 CPU-s, the JVM 91-92 -> 82 CPU-s; on test_verify.py + test_backfill.py
-# in one worker, runs alternated: the session JVM 129/131 -> 106/109 CPU-s, every process
-# 226/230 -> 202/203 CPU-s, 193/196 -> 181/181 s. Not for a JVM that runs for
-# days (a continuous run, the Connect server): a full code cache would stop the JIT there.
+# CPU-s and 37-40 -> 33-36 s. At C1 only, the JVM sizes its code cache as without tiers, 48 MB,
+# and Spark's generated classes fill that within two minutes (jcmd Compiler.codecache): then
+# the sweeper keeps evicting compiled methods that C1 compiles again (and without flushing the
+# JIT stops, full_count=1, tried and reverted). 240 MB, the tiered JVM's default, leaves room:
+# the test session's use levels off at 60-70 MB. Measured on test_verify.py + test_backfill.py +
+# test_pipelines.py in one worker, runs alternated: the session JVM 239/258 -> 161/193 CPU-s,
+# every process 413/445 -> 323/380 CPU-s, 336/358 -> 289/330 s. Flushing stays on, so a JVM
+# that runs for days at C1 (the bronze job's continuous runs) keeps compiling.
 SHORT_RUN_JVM: dict[str, str] = {
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1 -XX:-UseCodeCacheFlushing",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:-UseCodeCacheFlushing",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
 }
 
 # What particular jobs add to SPARK_DEFAULTS (by entrypoint in jobs/).
@@ -58,7 +53,7 @@ JOB_DEFAULTS: dict[str, dict[str, str]] = {
     # and commits. There, C2's compilations cost more CPU than they save, CPU the read
     # tasks need on a small machine (measured: ~2.5 s of C2 compiler threads in a
     # job's first minute on 2 cores): the JVM stops at C1, continuous runs included.
-    "ingest_bronze.py": C1_ONLY_JVM,
+    "ingest_bronze.py": SHORT_RUN_JVM,
     "verify.py": SHORT_RUN_JVM,
     "backfill.py": SHORT_RUN_JVM,
 }
