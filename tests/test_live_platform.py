@@ -85,11 +85,13 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     for dag, run_id in backfills.items():
         succeeded(rest, dag, run_id, RESUMED_RUN_TIMEOUT_S)
     # The proofs and the backfills ran on the platform's Spark Connect server, not in a JVM of
-    # their own; the ingests, of jobs with Spark resources of their own, each in its own JVM.
+    # their own, each as a client the fork server forked with its libraries imported; the
+    # ingests, of jobs with Spark resources of their own, each in its own JVM.
     for dag, run_id, task in (("savepoint", savepoint, "verify"), ("ingest_sensors", runs["ingest_sensors"], "verify"),
                               ("backfill_orders", backfills["backfill_orders"], "backfill")):
-        assert "on the Spark Connect server sc://" in rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task)), \
-            (dag, run_id)
+        log = rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task))
+        assert "on the Spark Connect server sc://" in log, (dag, run_id)
+        assert "ran as a client forked by the platform's fork server" in log, (dag, run_id)
     assert "spark-submit, the job has Spark resources of its own" in \
         rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now",
                       rest.tries("ingest_orders", runs["ingest_orders"], "ingest_available_now"))

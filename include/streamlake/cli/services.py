@@ -116,7 +116,8 @@ def cmd_platform(args) -> int:
 
 
 def _lake_connections(args) -> dict[str, str]:
-    """Start the Spark Connect server unless ``--no-spark-connect`` (idempotent) and return
+    """Start the Spark Connect server and the fork server of its clients
+    (:mod:`streamlake.platform.fork_server`) unless ``--no-spark-connect`` (idempotent) and return
     the Airflow connections (``AIRFLOW_CONN_*``) the platform defines beside the fixed ones:
     with the lake on the local S3 server, ``aws_default`` (its account) and a
     ``spark_connect_default`` declaring that the server holds that connection's credentials,
@@ -139,6 +140,11 @@ def _lake_connections(args) -> dict[str, str]:
         if server["storage_conn_id"] else ""
     print(f"Spark Connect:     {server['url']} ({server['master']}{held}): the checks after every operation and "
           f"the backfills run on it, no JVM start each")
+    from streamlake.platform import fork_server
+
+    forks = fork_server.start()
+    print(f"Fork server:       {forks['socket']}: each client of the Spark Connect server forked with its libraries "
+          f"(Great Expectations, pyspark) already imported, no interpreter start each")
     return connections
 
 

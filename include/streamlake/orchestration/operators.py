@@ -138,7 +138,8 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         from streamlake.operations.jobs import load_job
         from streamlake.operations.runner import spark_env
         from streamlake.orchestration.hooks import job_store_environment
-        from streamlake.spark.session import connect_client_command
+        from streamlake.platform.fork_server import run_client
+        from streamlake.spark.session import connect_client_args, job_path, python_executable
 
         job = load_job(self.job_name)
         reason = self.needs_own_jvm(job)
@@ -153,15 +154,28 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         if reason:
             self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
             return super().execute(context)
-        cmd = connect_client_command(self.job_application, self.job_arguments(job), remote)
+        args = connect_client_args(self.job_arguments(job), remote)
         self.log.info("%s of job %s on the Spark Connect server %s (no JVM of its own)", self.job_application,
                       job.name, remote)
         # A job on a store: its client opens the tables (delta-rs) with the credentials the server holds too.
         env = {**os.environ, **spark_env(), **job_store_environment(job, self.log)}
-        result = SubprocessHook().run_command(cmd, env=env)
-        if result.exit_code != 0:
+        lines: list[str] = []
+
+        def output(line: str) -> None:
+            lines[:] = [line]
+            self.log.info("%s", line)
+
+        code = run_client(self.job_application, args, env, write=output)
+        if code is not None:
+            self.log.info("%s ran as a client forked by the platform's fork server (libraries already imported)",
+                          self.job_application)
+        else:
+            result = SubprocessHook().run_command([python_executable(), job_path(self.job_application), *args],
+                                                  env=env)
+            code, lines = result.exit_code, [result.output]
+        if code != 0:
             raise AirflowException(f"{self.job_application} of job {job.name} failed "
-                                   f"(exit status {result.exit_code}): {result.output}")
+                                   f"(exit status {code}): {lines[0] if lines else ''}")
         return None
 
 

@@ -142,10 +142,16 @@ def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]"
     return cmd + [job_path(job), *args]
 
 
+def connect_client_args(args: Sequence[str], remote: str) -> list[str]:
+    """A job's arguments as a client of the Spark Connect server at ``remote`` (the job must
+    accept ``--remote``)."""
+    return [*args, "--remote", remote]
+
+
 def connect_client_command(job: str, args: Sequence[str], remote: str) -> list[str]:
     """argv that runs ``jobs/<job>`` as a client of the Spark Connect server at ``remote``
-    (this interpreter, no spark-submit: the job must accept ``--remote``)."""
-    return [python_executable(), job_path(job), *args, "--remote", remote]
+    (this interpreter, no spark-submit)."""
+    return [python_executable(), job_path(job), *connect_client_args(args, remote)]
 
 
 def is_connect(spark) -> bool:

@@ -1,0 +1,165 @@
+"""The fork server of the Spark Connect clients, as a real service process on a real Unix socket.
+
+Its applications here are small scripts of the test's own (a directory of its own, as
+``jobs/`` is the platform's): what each prints, where and with what exit status is
+written below, not read from the server. The platform's own use (every proof of the
+live platform a forked client) is asserted in test_live_platform.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from streamlake.platform.fork_server import PRELOAD, run_client, socket_path
+
+APPS = {
+    "echo.py": """
+        import os, sys
+        print("args", sys.argv[1:])
+        print("env", os.environ.get("FORK_TEST"), "cwd", os.getcwd())
+        print("to stderr", file=sys.stderr)
+        print("warm", all(m in sys.modules for m in {preload!r}))
+        # the server's own package inits only (docstrings): no module of StreamLake's code
+        print("own modules fresh", {{m for m in sys.modules if m.startswith("streamlake")}} <= {{"streamlake", "streamlake.platform"}})
+        sys.exit(int(sys.argv[1]))
+    """,
+    "fails.py": """
+        print("before the error", flush=True)
+        raise ValueError("the application's own error")
+    """,
+    "says_why.py": """
+        import sys
+        sys.exit("a message as exit status")
+    """,
+    "sleeps.py": """
+        import os, sys, time
+        print(os.getpid(), flush=True)
+        time.sleep(float(sys.argv[1]))
+        print("slept", sys.argv[1], flush=True)
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A fork server (the service's own command) with the test's applications."""
+    root = tmp_path_factory.mktemp("forks")
+    apps = root / "apps"
+    apps.mkdir()
+    for name, body in APPS.items():
+        (apps / name).write_text(textwrap.dedent(body.format(preload=sorted(PRELOAD))))
+    sock = socket_path(root)
+    proc = subprocess.Popen([sys.executable, "-m", "streamlake.platform.fork_server", "--socket", sock,
+                             "--applications", str(apps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+        time.sleep(0.1)
+    yield sock, root
+    proc.terminate()
+    proc.wait(10)
+    assert not os.path.exists(sock), "the server removes its socket when it stops"
+
+
+def run(sock, application, *args, env=None, cwd=None):
+    lines = []
+    code = run_client(application, list(args), env or {"PATH": os.environ["PATH"]}, cwd=cwd, write=lines.append,
+                      socket_file=sock)
+    return code, lines
+
+
+def test_a_run_gets_its_arguments_environment_directory_and_exit_status_and_its_output_in_order(server, tmp_path):
+    sock, _root = server
+    code, lines = run(sock, "echo.py", "3", "x y", env={"FORK_TEST": "value 1", "PATH": os.environ["PATH"]},
+                      cwd=str(tmp_path))
+    assert code == 3
+    assert lines == ["args ['3', 'x y']", f"env value 1 cwd {tmp_path}", "to stderr", "warm True",
+                     "own modules fresh True"]
+    code, lines = run(sock, "echo.py", "0")
+    assert code == 0 and lines[1].startswith("env None"), "each run has the environment of its request only"
+
+
+def test_an_application_error_is_its_exit_status_with_the_traceback(server):
+    sock, _root = server
+    code, lines = run(sock, "fails.py")
+    assert code == 1
+    assert lines[0] == "before the error" and lines[-1] == "ValueError: the application's own error"
+    assert any(line.startswith("Traceback") for line in lines)
+    code, lines = run(sock, "says_why.py")
+    assert (code, lines) == (1, ["a message as exit status"])
+
+
+def test_only_the_applications_directory_with_the_same_interpreter_runs(server):
+    sock, root = server
+    (root / "outside.py").write_text("print('must not run')\n")
+    for application in ("../outside.py", str(root / "outside.py"), "absent.py", "apps"):
+        code, lines = run(sock, application)
+        assert code is None and "refused" in lines[0], (application, lines)
+    lines = []
+    os.environ["PYSPARK_PYTHON"], previous = "/usr/bin/python3", os.environ.get("PYSPARK_PYTHON")
+    try:
+        assert run_client("echo.py", ["0"], {}, write=lines.append, socket_file=sock) is None
+    finally:
+        if previous is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = previous
+    assert "interpreter" in lines[0]
+
+
+def test_no_server_means_the_caller_starts_the_interpreter(tmp_path):
+    lines = []
+    assert run_client("echo.py", ["0"], {}, write=lines.append, socket_file=str(tmp_path / "none.sock")) is None
+    assert "does not answer" in lines[0]
+
+
+def test_runs_side_by_side_each_get_their_own_output(server):
+    sock, _root = server
+    results = {}
+
+    def one(seconds):
+        results[seconds] = run(sock, "sleeps.py", seconds)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in ("1.5", "0.2")]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - started < 10
+    assert results["1.5"][0] == 0 and results["1.5"][1][-1] == "slept 1.5"
+    assert results["0.2"][0] == 0 and results["0.2"][1][-1] == "slept 0.2"
+    assert results["1.5"][1][0] != results["0.2"][1][0], "two processes"
+
+
+def test_a_client_that_goes_away_ends_its_run(server):
+    """The Airflow task of a run killed: its connection closes, and the forked client is ended."""
+    sock, _root = server
+    script = (f"from streamlake.platform.fork_server import run_client\n"
+              f"run_client('sleeps.py', ['600'], {{}}, write=lambda l: print(l, flush=True), socket_file={sock!r})\n")
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid = int(client.stdout.readline())
+    assert psutil.pid_exists(pid)
+    client.kill()
+    client.wait(10)
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"forked client {pid} still runs after its caller went away"
+        time.sleep(0.2)
+
+
+def test_a_long_run_directory_gets_a_short_socket_path(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    path = socket_path(deep)
+    assert len(path.encode()) <= 107 and path == socket_path(deep)
+    assert socket_path(Path("/r/run")) == "/r/run/fork-server.sock"
