@@ -20,11 +20,14 @@ def dagbag():
     return DagBag(dag_folder=str(ROOT / "dags"))
 
 
-def test_dags_import_without_errors_in_under_two_seconds(dagbag):
+def test_dags_import_without_errors_in_a_few_seconds(dagbag):
+    """A parse takes about 0.4 s on an idle machine; the bound guards against a collapse (a
+    DAG file doing real work at parse time), not against a busy machine (2 s failed once
+    while a platform started beside it, 2026-11-28)."""
     assert not dagbag.import_errors, dagbag.import_errors
     assert set(dagbag.dag_ids) == EXPECTED
     for stat in dagbag.dagbag_stats:
-        assert stat.duration.total_seconds() < 2, f"{stat.file} took {stat.duration}"
+        assert stat.duration.total_seconds() < 5, f"{stat.file} took {stat.duration}"
 
 
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED))

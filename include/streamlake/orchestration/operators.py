@@ -76,7 +76,9 @@ class _JobSubmitOperator(SparkSubmitOperator):
 class _ConnectFirstOperator(_JobSubmitOperator):
     """A job that runs on the long-lived Spark Connect server of ``spark_connect_conn_id``
     (a ``spark_connect`` connection; ``make run`` starts the server and defines
-    ``spark_connect_default``) as a thin Python client, no JVM of its own; when that
+    ``spark_connect_default``) as a thin Python client, no JVM of its own: forked by the
+    platform's fork server where one runs (:mod:`streamlake.platform.fork_server`, its
+    libraries already imported), else a new interpreter. When that
     connection is not defined or its server does not answer, spark-submit on
     ``spark_conn_id`` as every other job (the log says which). The application must accept
     ``--remote sc://host:port``."""
@@ -139,7 +141,7 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         from streamlake.operations.runner import spark_env
         from streamlake.orchestration.hooks import job_store_environment
         from streamlake.platform.fork_server import run_client
-        from streamlake.spark.session import connect_client_args, job_path, python_executable
+        from streamlake.spark.session import connect_client_args, connect_client_command
 
         job = load_job(self.job_name)
         reason = self.needs_own_jvm(job)
@@ -170,8 +172,8 @@ class _ConnectFirstOperator(_JobSubmitOperator):
             self.log.info("%s ran as a client forked by the platform's fork server (libraries already imported)",
                           self.job_application)
         else:
-            result = SubprocessHook().run_command([python_executable(), job_path(self.job_application), *args],
-                                                  env=env)
+            result = SubprocessHook().run_command(
+                connect_client_command(self.job_application, self.job_arguments(job), remote), env=env)
             code, lines = result.exit_code, [result.output]
         if code != 0:
             raise AirflowException(f"{self.job_application} of job {job.name} failed "
