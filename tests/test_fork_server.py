@@ -27,6 +27,8 @@ APPS = {
         print("args", sys.argv[1:])
         print("env", os.environ.get("FORK_TEST"), "cwd", os.getcwd())
         print("to stderr", file=sys.stderr)
+        import signal
+        print("signals", [str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE)])
         print("warm", all(m in sys.modules for m in {preload!r}))
         # the server's own package inits only (docstrings): no module of StreamLake's code
         print("own modules fresh", {{m for m in sys.modules if m.startswith("streamlake")}} <= {{"streamlake", "streamlake.platform"}})
@@ -39,6 +41,13 @@ APPS = {
     "says_why.py": """
         import sys
         sys.exit("a message as exit status")
+    """,
+    "closes_output.py": """
+        import os, time
+        print("closing", flush=True)
+        os.close(1)
+        os.close(2)
+        time.sleep(1.5)
     """,
     "sleeps.py": """
         import os, sys, time
@@ -79,12 +88,15 @@ def run(sock, application, *args, env=None, cwd=None):
 
 
 def test_a_run_gets_its_arguments_environment_directory_and_exit_status_and_its_output_in_order(server, tmp_path):
-    sock, _root = server
+    sock, root = server
     code, lines = run(sock, "echo.py", "3", "x y", env={"FORK_TEST": "value 1", "PATH": os.environ["PATH"]},
                       cwd=str(tmp_path))
     assert code == 3
-    assert lines == ["args ['3', 'x y']", f"env value 1 cwd {tmp_path}", "to stderr", "warm True",
-                     "own modules fresh True"]
+    assert lines[:3] == ["args ['3', 'x y']", f"env value 1 cwd {tmp_path}", "to stderr"]
+    assert lines[4:] == ["warm True", "own modules fresh True"]
+    # The same script as a new interpreter: the same signal handling (the server's own is not inherited).
+    fresh = subprocess.run([sys.executable, str(root / "apps" / "echo.py"), "0"], capture_output=True, text=True)
+    assert lines[3] == next(line for line in fresh.stdout.splitlines() if line.startswith("signals"))
     code, lines = run(sock, "echo.py", "0")
     assert code == 0 and lines[1].startswith("env None"), "each run has the environment of its request only"
 
@@ -140,6 +152,32 @@ def test_runs_side_by_side_each_get_their_own_output(server):
     assert results["1.5"][0] == 0 and results["1.5"][1][-1] == "slept 1.5"
     assert results["0.2"][0] == 0 and results["0.2"][1][-1] == "slept 0.2"
     assert results["1.5"][1][0] != results["0.2"][1][0], "two processes"
+
+
+def test_a_burst_of_runs_each_succeeds_with_its_own_output(server):
+    """Runs forked while others start and end; one of them while a run that closed its
+    output still runs (the server has closed that pipe's end: a child must not close it again)."""
+    sock, _root = server
+    results = {}
+    closing = threading.Thread(target=lambda: results.setdefault("closing", run(sock, "closes_output.py")))
+    closing.start()
+    time.sleep(0.7)
+    assert run(sock, "echo.py", "0")[0] == 0, "a run forked while another's output is closed"
+    closing.join(30)
+    assert results.pop("closing") == (0, ["closing"])
+
+    def one(i):
+        results[i] = run(sock, "sleeps.py", f"0.0{i % 3}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == list(range(12))
+    for i, (code, lines) in results.items():
+        assert code == 0 and lines[-1] == f"slept 0.0{i % 3}", (i, code, lines)
+    assert len({lines[0] for _code, lines in results.values()}) == 12, "twelve processes"
 
 
 def test_a_client_that_goes_away_ends_its_run(server):

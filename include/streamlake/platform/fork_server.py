@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -209,7 +209,6 @@ class _Run:
     output_open: bool = True
     exited_at: float | None = None
     kill_at: float | None = None
-    frames: list[bytes] = field(default_factory=list)
 
 
 class ForkServer:
@@ -306,13 +305,15 @@ class ForkServer:
         code = 1
         try:
             os.setsid()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL)
+            # The signal handling a new interpreter starts with (the server's own SIGTERM handler out).
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             conn.close()
             self.listener.close()
-            for run in self.runs.values():
+            for run in self.runs.values():  # the other runs' connections and pipes
                 run.conn.close()
-                os.close(run.output)
+                if run.output_open:
+                    os.close(run.output)
             self.selector.close()
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
