@@ -84,9 +84,14 @@ def spark(broker):
     also serves Spark Connect on 127.0.0.1:SPARK_CONNECT_PORT (Spark's SparkConnectPlugin),
     for the checks that run as Spark Connect clients."""
     from streamlake.kafka.source import register
+    from streamlake.platform import fork_server
     from streamlake.platform.spark_connect import SERVER_PLUGIN
     from streamlake.spark.session import SHORT_RUN_JVM, get_spark
 
+    # As on `make run`: the fork server forks the session's Python processes (Spark's workers,
+    # its streaming sources' runners) and the proofs' clients warm, every one of them
+    # asserted to be so in test_fork_server.py.
+    fork_server.start()
     session = get_spark("streamlake-tests", master="local[2]", conf={
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
@@ -102,6 +107,7 @@ def spark(broker):
     register(session)
     yield session
     session.stop()
+    fork_server.stop()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from streamlake.platform.fork_server import PRELOAD, run_client, socket_path
+from streamlake.platform.spark_python import write_launcher
 
 APPS = {
     "echo.py": """
@@ -58,6 +59,22 @@ APPS = {
 }
 
 
+# A module run as `python -m forkprobe CODE` (how Spark starts its Python processes, with
+# its standard input, output and error): what it got and who its parent is.
+PROBE = """
+    import os, signal, sys, time
+    print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("FORK_TEST"), flush=True)
+    print("stdin", sys.stdin.read().strip(), flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    print("signals", [str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)], flush=True)
+    print("parent", os.getppid(), flush=True)
+    print("pid", os.getpid(), flush=True)
+    if sys.argv[1] == "sleep":
+        time.sleep(60)
+    sys.exit(int(sys.argv[1]))
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A fork server (the service's own command) with the test's applications."""
@@ -66,10 +83,17 @@ def server(tmp_path_factory):
     apps.mkdir()
     for name, body in APPS.items():
         (apps / name).write_text(textwrap.dedent(body.format(preload=sorted(PRELOAD))))
+    modules = root / "modules"
+    modules.mkdir()
+    (modules / "forkprobe.py").write_text(textwrap.dedent(PROBE))
     sock = socket_path(root)
+    # As the platform starts it (fork_server.start), with the hash seed Spark gives its workers;
+    # `python -m` of Spark's modules and of the test's probe.
     proc = subprocess.Popen([sys.executable, "-m", "streamlake.platform.fork_server", "--socket", sock,
-                             "--applications", str(apps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                             "--applications", str(apps), "--module-prefix", "pyspark.", "--module-prefix",
+                             "forkprobe"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": "0"})
+    (root / "server.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 60
     while not os.path.exists(sock):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
@@ -201,3 +225,78 @@ def test_a_long_run_directory_gets_a_short_socket_path(tmp_path):
     path = socket_path(deep)
     assert len(path.encode()) <= 107 and path == socket_path(deep)
     assert socket_path(Path("/r/run")) == "/r/run/fork-server.sock"
+
+
+def probe(command, env, cwd, stdin="input line"):
+    done = subprocess.run([*command, "-m", "forkprobe", *env.pop("ARGS")], input=stdin, env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout.splitlines(), done.stderr.splitlines()
+
+
+def test_the_launcher_runs_a_module_forked_on_its_own_descriptors_as_the_interpreter_would(server, tmp_path):
+    """``launcher -m MODULE ARGS`` (what Spark starts for its Python processes) runs in a child
+    of the fork server on the launcher's own standard input, output and error, with the
+    launcher's environment, directory and arguments, and ends with its exit status; compared
+    line by line with the interpreter itself, but for the parent."""
+    sock, root = server
+    launcher = write_launcher(sock, ("pyspark.", "forkprobe"))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root / "modules"), "FORK_TEST": "value 2",
+           "PYTHONHASHSEED": "0"}
+    forked = probe([str(launcher)], {**env, "ARGS": ["3"]}, tmp_path)
+    fresh = probe([sys.executable], {**env, "ARGS": ["3"]}, tmp_path)
+    assert forked[0] == fresh[0] == 3
+    assert forked[2] == fresh[2] == ["to stderr"]
+    assert forked[1][:3] == fresh[1][:3] == [f"argv ['3'] cwd {tmp_path} env value 2", "stdin input line",
+                                            fresh[1][2]]
+    assert forked[1][3] == f"parent {(root / 'server.pid').read_text()}", "forked by the server"
+    assert fresh[1][3] == f"parent {os.getpid()}"
+
+
+def test_the_launcher_starts_the_interpreter_for_anything_else(server, tmp_path):
+    """Another module, ``-c``, another hash seed (Spark's workers must hash alike), or no
+    server: the launcher ``exec``s the interpreter (the probe's parent is then the caller)."""
+    sock, root = server
+    launcher = write_launcher(sock, ("pyspark.", "forkprobe"))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root / "modules")}
+    code, out, _err = probe([str(launcher)], {**env, "PYTHONHASHSEED": "5", "ARGS": ["0"]}, tmp_path)
+    assert code == 0 and out[-2] == f"parent {os.getpid()}", out
+    other = subprocess.run([str(launcher), "-c", "import os, sys; print(os.getppid(), sys.argv[1:])", "x"],
+                           capture_output=True, text=True, env=env)
+    assert other.stdout.split() == [str(os.getpid()), "['x']"], other
+    offline = write_launcher(str(tmp_path / "no-server.sock"), ("forkprobe",))
+    code, out, _err = probe([str(offline)], {**env, "PYTHONHASHSEED": "0", "ARGS": ["4"]}, tmp_path)
+    assert code == 4 and out[-2] == f"parent {os.getpid()}", out
+
+
+def test_a_signal_to_the_launcher_reaches_its_child_and_is_its_exit(server, tmp_path):
+    """Spark stops a Python process by signalling the process it started: the launcher passes
+    the signal on, and ends as the child did (killed by it)."""
+    sock, root = server
+    launcher = write_launcher(sock, ("pyspark.", "forkprobe"))
+    proc = subprocess.Popen([str(launcher), "-m", "forkprobe", "sleep"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True,
+                            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(root / "modules"),
+                                 "PYTHONHASHSEED": "0"})
+    lines = [proc.stdout.readline().strip() for _ in range(5)]
+    child = int(lines[-1].split()[1])
+    assert psutil.Process(child).ppid() == int((root / "server.pid").read_text())
+    proc.send_signal(15)
+    assert proc.wait(30) == -15, "the launcher ends as its child did: by SIGTERM"
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child outlived the signal"
+        time.sleep(0.1)
+
+
+def test_the_session_s_spark_starts_its_python_processes_through_the_fork_server(spark):
+    """The test session's local Spark (as a platform job's on a local master) starts its
+    Python processes with the launcher: its worker daemon runs forked, and a Python UDF on it
+    gives the sum the test computes."""
+    from pyspark.sql import functions as F
+
+    from streamlake import config
+
+    doubled = F.udf(lambda value: value * 2, "long")
+    assert spark.range(1000).select(doubled("id").alias("x")).agg({"x": "sum"}).first()[0] == 2 * sum(range(1000))
+    log = (config.log_dir() / "fork-server.log").read_text()
+    assert "runs -m pyspark.daemon pyspark.worker" in log, log[-2000:]

@@ -34,6 +34,17 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 SPARK_POOL_ENV = "STREAMLAKE_SPARK_POOL"
 
 
+def connection_master(conn_id: str) -> str:
+    """The master URL spark-submit gets from the Spark connection ``conn_id`` (its host, with
+    its port where it has one, as the Spark provider builds it). Raises what Airflow raises
+    for a connection that is not defined."""
+    from airflow.providers.common.compat.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    host = conn.host or ""
+    return f"{host}:{conn.port}" if conn.port and not host.startswith("local") else host
+
+
 class _JobSubmitOperator(SparkSubmitOperator):
     """spark-submit of ``jobs/<application>`` for a named job; subclasses give the arguments."""
 
@@ -58,6 +69,7 @@ class _JobSubmitOperator(SparkSubmitOperator):
         from streamlake.operations.jobs import load_job
         from streamlake.operations.runner import spark_conf, spark_env
         from streamlake.orchestration.hooks import job_store_environment
+        from streamlake.platform.spark_python import spark_python
         from streamlake.spark.session import job_path
 
         job = load_job(self.job_name)
@@ -65,6 +77,14 @@ class _JobSubmitOperator(SparkSubmitOperator):
         self.application_args = self.job_arguments(job)
         self.conf = spark_conf(job, self.job_application, short_run=self.short_run)
         self.env_vars = {**spark_env(), **job_store_environment(job, self.log)}
+        try:
+            master = connection_master(self.spark_conn_id)
+        except Exception:  # noqa: BLE001 - no such connection: spark-submit fails and says so in full
+            master = None
+        python = spark_python(master)
+        if python != self.conf["spark.pyspark.python"]:
+            self.log.info("Spark's Python processes: forked by the platform's fork server (%s)", python)
+            self.conf["spark.pyspark.python"] = self.env_vars["PYSPARK_PYTHON"] = python
         self.name = f"streamlake-{self.job_application.removesuffix('.py')}:{job.name}"
         self._conn_id = self.spark_conn_id
         self._hook = None
@@ -206,8 +226,6 @@ class JobRunOperator(_ConnectFirstOperator):
         side took 147-150 s on the shared server against 121-123 s in JVMs of their own. A job on
         an object store too: only the Kafka read tasks can write its bronze files there (the fast
         path, writer=source), which a Spark Connect session cannot drive."""
-        from airflow.providers.common.compat.sdk import BaseHook
-
         from streamlake.storage.location import is_object_store
 
         if is_object_store(job.root):
@@ -215,7 +233,7 @@ class JobRunOperator(_ConnectFirstOperator):
                     "a session of its own")
 
         try:
-            master = BaseHook.get_connection(self.spark_conn_id).host or ""
+            master = connection_master(self.spark_conn_id)
         except Exception as exc:  # noqa: BLE001 (no such connection: spark-submit says so in full)
             return f"connection {self.spark_conn_id}: {exc}"
         if not master.startswith("local"):

@@ -27,6 +27,15 @@ What it guarantees:
 The socket is the platform user's (mode 0600, in the run directory), like the other
 services' files: anyone who can write it can run the jobs as that user, nothing more.
 
+It also forks Spark's own Python processes (:mod:`streamlake.platform.spark_python`): a
+Spark JVM of this machine starts ``python -m pyspark.<module>`` (the worker daemon, a
+streaming source's runner, a data source's planner) through a small launcher that sends the
+request with its standard input, output and error (the file descriptors themselves); the
+child runs the module on them as a new interpreter would, with pyspark, pyarrow and pandas
+already imported (:data:`PRELOAD_SPARK`), and its exit status goes back to the launcher. Only
+``pyspark.*`` modules (:data:`MODULE_PREFIXES`), only with the server's interpreter and hash seed (``PYTHONHASHSEED``:
+Spark gives its workers one, and a forked child keeps the server's).
+
 Frames on the connection (server to client): a type byte, a 4-byte big-endian length,
 the payload: ``a`` accepted (the child's pid), ``r`` refused (why), ``o`` output bytes,
 ``x`` exit status (decimal).
@@ -56,6 +65,13 @@ SERVICE = "fork-server"
 PRELOAD = ("pyarrow", "pyarrow.compute", "pyarrow.dataset", "pyarrow.parquet", "pandas", "deltalake",
            "confluent_kafka", "yaml", "psutil", "pyspark.sql.connect.session", "pyspark.sql.connect.functions",
            "great_expectations")
+# What Spark's Python processes import first (python -m pyspark.<module>, then the worker module).
+PRELOAD_SPARK = ("pyspark.daemon", "pyspark.worker", "pyspark.sql.streaming.python_streaming_source_runner",
+                 "pyspark.sql.worker.plan_data_source_read", "pyspark.sql.worker.create_data_source",
+                 "pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.commit_data_source_write",
+                 "pyspark.sql.pandas.serializers")
+MODULE_PREFIXES = ("pyspark.",)  # the modules it runs as `python -m`: Spark's
+HASH_SEED = "0"  # the server's PYTHONHASHSEED, Spark's default for its workers
 KILL_GRACE_S = 10.0
 _HEADER = struct.Struct(">cI")
 
@@ -176,8 +192,11 @@ def start(timeout_s: float = 120.0) -> dict:
         cmd = [python_executable(), "-m", "streamlake.platform.fork_server", "--socket", path,
                "--applications", str(applications)]
         procs.start_until_ready(SERVICE, cmd, lambda: _answers(path), timeout_s,
-                                what=f"the fork server at {path}", info={"socket": path})
-    return {"socket": running_socket()}
+                                what=f"the fork server at {path}", info={"socket": path, "python": cmd[0]},
+                                env={**os.environ, "PYTHONHASHSEED": HASH_SEED})
+    from streamlake.platform.spark_python import write_launcher
+
+    return {"socket": running_socket(), "spark_python": str(write_launcher(running_socket()))}
 
 
 def stop() -> bool:
@@ -204,7 +223,7 @@ class _Run:
 
     conn: socket.socket
     pid: int
-    output: int
+    output: int | None  # None: the child writes to its launcher's own descriptors
     status: int | None = None
     output_open: bool = True
     exited_at: float | None = None
@@ -214,10 +233,16 @@ class _Run:
 class ForkServer:
     """The service's loop (one thread: it forks). See the module docstring."""
 
-    def __init__(self, path: str, applications: Path, python: str) -> None:
+    def __init__(self, path: str, applications: Path, python: str,
+                 module_prefixes: Sequence[str] = MODULE_PREFIXES) -> None:
         self.path, self.applications, self.python = path, applications.resolve(), python
+        self.module_prefixes = tuple(module_prefixes)
         self.selector = selectors.DefaultSelector()
         self.runs: dict[int, _Run] = {}
+        # SIGCHLD wakes the loop (a byte on this pipe): an exit status is passed on at once.
+        self.wakeup_read, self.wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup_read, False)
+        os.set_blocking(self.wakeup_write, False)
 
     def serve(self) -> None:
         if os.path.exists(self.path):
@@ -230,12 +255,13 @@ class ForkServer:
             os.umask(old_mask)
         self.listener.listen(64)
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.selector.register(self.wakeup_read, selectors.EVENT_READ, ("wakeup", None))
+        signal.set_wakeup_fd(self.wakeup_write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
         print(f"fork server: listening on {self.path}, applications in {self.applications}", flush=True)
         try:
             while True:
-                # A child whose output ended is exiting: look for its status soon.
-                exiting = any(run.status is None and not run.output_open for run in self.runs.values())
-                for key, _mask in self.selector.select(timeout=0.01 if exiting else 0.5):
+                for key, _mask in self.selector.select(timeout=0.5):
                     what, run = key.data
                     if what == "accept":
                         self._accept()
@@ -243,6 +269,8 @@ class ForkServer:
                         self._forward(run)
                     elif what == "client":
                         self._client_readable(run)
+                    elif what == "wakeup":
+                        _drain(self.wakeup_read)
                 self._reap()
         finally:
             self.listener.close()
@@ -252,44 +280,67 @@ class ForkServer:
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         conn.settimeout(5.0)
+        fds: list[int] = []
         try:
-            request = json.loads(_read_line(conn) or b"{}")
+            first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+            request = json.loads(first + (b"" if first.endswith(b"\n") or not first else _read_line(conn)) or b"{}")
         except (OSError, ValueError) as exc:
+            _close_all(fds)
             self._refuse(conn, f"unreadable request: {exc}")
             return
         if request.get("ping"):
+            _close_all(fds)
             _send(conn, b"a", b"0")
             conn.close()
             return
-        reason = self._refusal(request)
+        reason = self._refusal(request, fds)
         if reason:
+            _close_all(fds)
             self._refuse(conn, reason)
             return
-        read_end, write_end = os.pipe()
+        read_end, write_end = os.pipe() if not fds else (None, None)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child: never returns
+            if fds:
+                self._become_module(request, fds, conn)
             os.close(read_end)
             self._become_client(request, write_end, conn)
-        os.close(write_end)
+        _close_all(fds)
         conn.settimeout(None)
-        run = _Run(conn, pid, read_end)
+        if fds:
+            run = _Run(conn, pid, None, output_open=False)
+        else:
+            os.close(write_end)
+            run = _Run(conn, pid, read_end)
+            self.selector.register(read_end, selectors.EVENT_READ, ("output", run))
         self.runs[pid] = run
         _send(conn, b"a", str(pid).encode())
-        self.selector.register(read_end, selectors.EVENT_READ, ("output", run))
         self.selector.register(conn, selectors.EVENT_READ, ("client", run))
-        print(f"fork server: pid {pid} runs {request['application']} {' '.join(request.get('args', []))[:200]}",
-              flush=True)
+        what = request.get("application") or f"-m {request['module']}"
+        print(f"fork server: pid {pid} runs {what} {' '.join(request.get('args', []))[:200]}", flush=True)
 
-    def _refusal(self, request: dict) -> str | None:
+    def _refusal(self, request: dict, fds: Sequence[int]) -> str | None:
+        if request.get("python") and os.path.realpath(request["python"]) != os.path.realpath(self.python):
+            return f"the run wants the interpreter {request['python']}; this server is {self.python}"
+        if "module" in request:
+            module = str(request.get("module") or "")
+            if not module.startswith(self.module_prefixes):
+                return f"not a module it runs ({', '.join(p + '*' for p in self.module_prefixes)}): {module!r}"
+            if len(fds) != 3:
+                return f"a module run needs its standard input, output and error; {len(fds)} descriptors came"
+            seed = (request.get("env") or {}).get("PYTHONHASHSEED")
+            if seed is not None and seed != os.environ.get("PYTHONHASHSEED"):
+                return f"PYTHONHASHSEED={seed}; this server's children hash with {os.environ.get('PYTHONHASHSEED')}"
+            return None
+        if fds:
+            return "an application's run takes no file descriptors"
         application = str(request.get("application") or "")
         if not application or Path(application).name != application or not application.endswith(".py"):
             return f"not an application's file name: {application!r}"
         if not (self.applications / application).is_file():
             return f"no application {application} in {self.applications}"
-        if request.get("python") and os.path.realpath(request["python"]) != os.path.realpath(self.python):
-            return f"the run wants the interpreter {request['python']}; this server is {self.python}"
         return None
 
     def _refuse(self, conn: socket.socket, reason: str) -> None:
@@ -300,21 +351,33 @@ class ForkServer:
             pass
         conn.close()
 
+    def _leave_server(self, conn: socket.socket, session: bool = True) -> None:
+        """In a forked child: a session of its own (or, ``session=False``, a process group: Spark's
+        worker daemon makes its own, which a session leader cannot), a new interpreter's signal
+        handling (SIGINT's KeyboardInterrupt, the server's handlers out), none of the server's
+        descriptors."""
+        if session:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGCHLD, signal.SIG_DFL),
+                             (signal.SIGINT, signal.default_int_handler)):
+            signal.signal(sig, handler)
+        conn.close()
+        self.listener.close()
+        for run in self.runs.values():  # the other runs' connections and pipes
+            run.conn.close()
+            if run.output_open:
+                os.close(run.output)
+        self.selector.close()
+        os.close(self.wakeup_read)
+        os.close(self.wakeup_write)
+
     def _become_client(self, request: dict, output: int, conn: socket.socket) -> None:
         """In the forked child: become ``python jobs/<application> ARGS`` and exit with its status."""
-        code = 1
-        try:
-            os.setsid()
-            # The signal handling a new interpreter starts with (the server's own SIGTERM handler out).
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            conn.close()
-            self.listener.close()
-            for run in self.runs.values():  # the other runs' connections and pipes
-                run.conn.close()
-                if run.output_open:
-                    os.close(run.output)
-            self.selector.close()
+        def run() -> None:
+            self._leave_server(conn)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(output, 1)
@@ -331,24 +394,35 @@ class ForkServer:
             sys.path.insert(0, str(self.applications))  # as `python jobs/x.py` has it
             import runpy
 
-            try:
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except SystemExit as exc:
-                if exc.code is None or isinstance(exc.code, int):
-                    code = exc.code or 0
-                else:
-                    print(exc.code, file=sys.stderr)
-                    code = 1
-        except BaseException:  # noqa: BLE001 - the child reports everything, as an interpreter would
-            traceback.print_exc()
-            code = 1
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            runpy.run_path(script, run_name="__main__")
+
+        _exit_with(run)
+
+    def _become_module(self, request: dict, fds: Sequence[int], conn: socket.socket) -> None:
+        """In the forked child: become ``python -m MODULE ARGS`` on the launcher's standard
+        input, output and error, and exit with its status."""
+        def run() -> None:
+            self._leave_server(conn, session=False)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            _close_all(fds)
+            env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+            unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+            sys.stdout.reconfigure(write_through=unbuffered)
+            sys.stderr.reconfigure(write_through=True)
+            cwd = request.get("cwd") or "/"
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            # sys.path as `python -m` starts with it: the working directory, then PYTHONPATH's entries.
+            first = [cwd, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+            sys.path[:] = first + [p for p in sys.path if p not in first]
+            sys.argv = [request["module"], *[str(a) for a in request.get("args", [])]]
+            import runpy
+
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+        _exit_with(run)
 
     def _forward(self, run: _Run) -> None:
         try:
@@ -431,6 +505,47 @@ def _read_line(conn: socket.socket, limit: int = 1 << 22) -> bytes:
     return data
 
 
+def _exit_with(run: Callable[[], None]) -> None:
+    """In a forked child: ``run()``, then exit with the status an interpreter running it would
+    (a SystemExit's code, 1 and the traceback for an exception); never returns."""
+    code = 1
+    try:
+        try:
+            run()
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+    except BaseException:  # noqa: BLE001 - the child reports everything, as an interpreter would
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _send(conn: socket.socket, kind: bytes, payload: bytes) -> None:
     conn.sendall(_HEADER.pack(kind, len(payload)) + payload)
 
@@ -467,12 +582,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streamlake.platform.fork_server", description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, help="the Unix socket to listen on")
     parser.add_argument("--applications", required=True, help="the directory of the applications it runs (jobs/)")
+    parser.add_argument("--module-prefix", action="append", dest="module_prefixes",
+                        help=f"run `python -m` of modules named so (repeatable; default: {', '.join(MODULE_PREFIXES)})")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    took = preload()
+    took = preload(PRELOAD + PRELOAD_SPARK)
     print(f"fork server: preloaded {len(took)} modules in {time.monotonic() - started:.1f} s: {took}", flush=True)
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    ForkServer(args.socket, Path(args.applications), sys.executable).serve()
+    ForkServer(args.socket, Path(args.applications), sys.executable,
+               args.module_prefixes or MODULE_PREFIXES).serve()
     return 0
 
 

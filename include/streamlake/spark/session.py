@@ -91,8 +91,10 @@ def spark_defaults(class_archive: bool = True) -> dict[str, str]:
 
 
 def python_executable() -> str:
-    """The interpreter Spark's Python workers must use (this environment's)."""
-    return os.environ.get("PYSPARK_PYTHON") or sys.executable
+    """The interpreter Spark's Python workers must use (this environment's); never the fork
+    server's launcher (:mod:`streamlake.platform.spark_python`) a driver may have been given."""
+    python = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    return sys.executable if os.path.basename(python) == "spark-python" else python
 
 
 def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -134,8 +136,16 @@ def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]"
                          conf: Mapping[str, str] | None = None, name: str | None = None,
                          class_archive: bool = True, short_run: bool = False) -> list[str]:
     """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults (spark_defaults(),
-    then :func:`job_defaults`, then ``conf``)."""
+    then :func:`job_defaults`, then ``conf``); on a master of this machine where the platform's
+    fork server runs, Spark's Python processes start with its launcher
+    (:func:`streamlake.platform.spark_python.spark_python`)."""
+    from streamlake.platform.spark_python import spark_python
+
     settings = {**spark_defaults(class_archive), **job_defaults(job, short_run), **(conf or {})}
+    python = spark_python(master)
+    if python != python_executable() and "spark.pyspark.python" not in settings:
+        # Spark's Python processes forked warm by the platform's fork server; the driver is the interpreter.
+        settings.update({"spark.pyspark.python": python, "spark.pyspark.driver.python": python_executable()})
     cmd = [spark_submit_executable(), "--master", master, "--name", name or Path(job).stem]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]
@@ -173,6 +183,8 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
         for key in ("spark.sql.session.timeZone", "spark.sql.shuffle.partitions"):
             builder = builder.config(key, {**SPARK_DEFAULTS, **(conf or {})}[key])
         return builder.getOrCreate()
+    from streamlake.platform.spark_python import spark_python
+
     os.environ.setdefault("PYSPARK_PYTHON", python_executable())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python_executable())
     builder = SparkSession.builder.appName(app_name)
@@ -180,6 +192,15 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
         builder = builder.master(master)
     for key, value in {**spark_defaults(), **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # A new local context (and its JVM) reads PYSPARK_PYTHON as it starts: Spark's Python
+    # processes forked warm where the platform's fork server runs (this process's own
+    # interpreter setting is put back after).
+    interpreter = os.environ["PYSPARK_PYTHON"]
+    if master and SparkSession.getActiveSession() is None:
+        os.environ["PYSPARK_PYTHON"] = spark_python(master)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        os.environ["PYSPARK_PYTHON"] = interpreter
     spark.sparkContext.setLogLevel("WARN")
     return spark
