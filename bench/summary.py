@@ -19,7 +19,7 @@ from common import RESULTS  # noqa: E402
 def main() -> int:
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     print("\n== figures against their targets ==")
-    for name in ("ingest", "latency", "backfill", "operations", "object_store", "s3_proof"):
+    for name in ("ingest", "latency", "backfill", "operations", "object_store", "s3_proof", "spark_python"):
         path = results / f"{name}.json"
         if not path.exists():
             print(f"{name}: no results ({path} missing: run bench/{name}_bench.py)")
@@ -27,7 +27,8 @@ def main() -> int:
         data = json.loads(path.read_text())
         for line in data.get("summary", []):
             print(line)
-    print(f"details: {results}/ingest.md, latency.md, backfill.md, operations.md, object_store.md, s3_proof.md (each figure with the machine's "
+    print(f"details: {results}/ingest.md, latency.md, backfill.md, operations.md, object_store.md, s3_proof.md, "
+          f"spark_python.md (each figure with the machine's "
           f"load)")
     return 0
 

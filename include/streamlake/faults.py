@@ -33,10 +33,13 @@ POINTS = ("read", "after_files", "after_commit", "after_files_quarantine", "afte
 
 
 def _spark_submit_ancestor():
-    """The spark-submit JVM this process descends from (psutil.Process), if any."""
+    """The spark-submit JVM this process descends from (psutil.Process), if any; through its
+    launcher for a process the fork server forked (streamlake.platform.spark_python)."""
     import psutil
 
-    for parent in psutil.Process().parents():
+    from streamlake.platform.spark_python import spark_lineage
+
+    for parent in spark_lineage():
         try:
             if any("SparkSubmit" in part for part in parent.cmdline()):
                 return parent
@@ -46,13 +49,16 @@ def _spark_submit_ancestor():
 
 
 def kill_job() -> None:
-    """SIGKILL the spark-submit JVM and every process below it, then this process.
+    """SIGKILL the spark-submit JVM and every process below it (and those the fork server forked
+    for it), then this process.
 
     The process tree, not process groups: whoever launched spark-submit (a
     shell, the CLI, an Airflow task) may share its group and must survive, as
     it would when a real job's machine dies.
     """
     import psutil
+
+    from streamlake.platform.spark_python import forked_below
 
     jvm = _spark_submit_ancestor()
     victims = []
@@ -62,6 +68,7 @@ def kill_job() -> None:
             victims += jvm.children(recursive=True)
         except psutil.NoSuchProcess:
             pass
+        victims += forked_below([p.pid for p in victims])  # Spark's Python processes the fork server forked
     me = os.getpid()
     for proc in victims:
         if proc.pid != me:

@@ -133,6 +133,9 @@ def _lake_connections(args) -> dict[str, str]:
                  "storage_conn_id": DEFAULT_STORAGE_CONN_ID}
     if args.no_spark_connect:
         return connections
+    from streamlake.platform import fork_server
+
+    forks = fork_server.start()  # first: the Connect server's Python processes are forked by it too
     server = spark_connect.start(args.spark_connect_port, **store)
     connections[f"AIRFLOW_CONN_{airflow_setup.SPARK_CONNECT_CONN.upper()}"] = \
         spark_connect.connection(args.spark_connect_port, server["storage_conn_id"])
@@ -140,11 +143,9 @@ def _lake_connections(args) -> dict[str, str]:
         if server["storage_conn_id"] else ""
     print(f"Spark Connect:     {server['url']} ({server['master']}{held}): the checks after every operation and "
           f"the backfills run on it, no JVM start each")
-    from streamlake.platform import fork_server
-
-    forks = fork_server.start()
-    print(f"Fork server:       {forks['socket']}: each client of the Spark Connect server forked with its libraries "
-          f"(Great Expectations, pyspark) already imported, no interpreter start each")
+    print(f"Fork server:       {forks['socket']}: each client of the Spark Connect server, and the Python processes "
+          f"of Spark on this machine ({forks['spark_python']}), forked with their libraries (Great Expectations, "
+          f"pyspark, pyarrow) already imported, no interpreter start each")
     return connections
 
 

@@ -64,7 +64,10 @@ def job_processes(job: JobSpec) -> list[psutil.Process]:
 
 
 def kill_job(job: JobSpec, sig: int = signal.SIGKILL) -> int:
-    """Send ``sig`` to every process of the job and its children (SIGKILL: like a lost node)."""
+    """Send ``sig`` to every process of the job and its children, those the fork server forked
+    for it among them (SIGKILL: like a lost node)."""
+    from streamlake.platform.spark_python import forked_below
+
     procs = job_processes(job)
     family = {p.pid: p for p in procs}
     for proc in procs:
@@ -72,6 +75,7 @@ def kill_job(job: JobSpec, sig: int = signal.SIGKILL) -> int:
             family.update({c.pid: c for c in proc.children(recursive=True)})
         except psutil.NoSuchProcess:
             pass
+    family.update({p.pid: p for p in forked_below(list(family))})
     for proc in family.values():
         try:
             proc.send_signal(sig)

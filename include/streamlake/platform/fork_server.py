@@ -72,6 +72,9 @@ PRELOAD_SPARK = ("pyspark.daemon", "pyspark.worker", "pyspark.sql.streaming.pyth
                  "pyspark.sql.pandas.serializers")
 MODULE_PREFIXES = ("pyspark.",)  # the modules it runs as `python -m`: Spark's
 HASH_SEED = "0"  # the server's PYTHONHASHSEED, Spark's default for its workers
+# Set in a forked module's environment (inherited by what it forks): the pid of the launcher
+# Spark started, where the process tree as Spark sees it goes on (streamlake.platform.spark_python).
+LAUNCHER_PID_ENV = "STREAMLAKE_SPARK_LAUNCHER_PID"
 KILL_GRACE_S = 10.0
 _HEADER = struct.Struct(">cI")
 
@@ -407,6 +410,8 @@ class ForkServer:
                 os.dup2(fd, target)
             _close_all(fds)
             env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+            if request.get("launcher_pid"):
+                env[LAUNCHER_PID_ENV] = str(int(request["launcher_pid"]))
             unbuffered = bool(env.get("PYTHONUNBUFFERED"))
             sys.stdout.reconfigure(write_through=unbuffered)
             sys.stderr.reconfigure(write_through=True)

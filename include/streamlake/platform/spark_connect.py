@@ -75,16 +75,20 @@ def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float =
                          "connection (storage_conn_id): the tasks that may use them are that connection's")
     from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
 
+    from streamlake.platform.spark_python import spark_python
+
     if procs.status(SERVICE) is None:
+        python = spark_python(master)  # its Python processes forked warm where the fork server runs
         conf = {**spark_defaults(), "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port), "spark.ui.enabled": "false",
-                "spark.pyspark.python": python_executable()}
+                "spark.pyspark.python": python, "spark.pyspark.driver.python": python_executable()}
         cmd = [spark_submit_executable(), "--master", master, "--name", "streamlake-spark-connect",
                "--class", SERVER_CLASS]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         procs.start(SERVICE, [*cmd, "spark-internal"],
-                    env=job_environment({**(store_environment or {}), "SPARK_LOCAL_IP": "127.0.0.1"}),
+                    env=job_environment({**(store_environment or {}), "SPARK_LOCAL_IP": "127.0.0.1",
+                                         "PYSPARK_PYTHON": python}),
                     info={"url": url(port), "storage_conn_id": storage_conn_id})
     state = procs.status(SERVICE)
     remote = state.info["url"]

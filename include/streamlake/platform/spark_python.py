@@ -63,7 +63,8 @@ if len(args) < 2 or args[0] != "-m" or not args[1].startswith(MODULES):
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     sock.connect(SOCKET)
-    request = {{"module": args[1], "args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "python": PYTHON}}
+    request = {{"module": args[1], "args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "python": PYTHON,
+               "launcher_pid": os.getpid()}}
     socket.send_fds(sock, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
     kind, payload = frame(sock)
 except OSError:
@@ -92,8 +93,15 @@ sys.exit(status)
 
 
 def launcher_path(socket_file: str) -> Path:
-    """Where the launcher of the fork server at ``socket_file`` is: next to its socket."""
-    return Path(socket_file).with_name(LAUNCHER_NAME)
+    """Where the launcher of the fork server at ``socket_file`` is: next to its socket, named
+    after it (``fork-server-spark-python``), so that two servers never share one."""
+    socket_file = Path(socket_file)
+    return socket_file.with_name(f"{socket_file.stem}-{LAUNCHER_NAME}")
+
+
+def is_launcher(path: str) -> bool:
+    """Whether ``path`` names a launcher (not an interpreter)."""
+    return os.path.basename(path).endswith(LAUNCHER_NAME)
 
 
 def write_launcher(socket_file: str, module_prefixes: Sequence[str] = ()) -> Path:
@@ -107,7 +115,7 @@ def write_launcher(socket_file: str, module_prefixes: Sequence[str] = ()) -> Pat
     text = _LAUNCHER.format(python=os.path.abspath(python_executable()), socket=socket_file,
                             prefixes=tuple(module_prefixes or MODULE_PREFIXES))
     if not path.exists() or path.read_text() != text:
-        staged = path.with_name(path.name + ".tmp")
+        staged = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         staged.write_text(text)
         staged.chmod(0o700)
         staged.replace(path)
@@ -135,3 +143,36 @@ def spark_python(master: str | None) -> str:
         return python
     launcher = launcher_path(state.info["socket"])
     return str(launcher) if launcher.exists() else python
+
+
+def spark_lineage() -> list:
+    """This process's ancestors (psutil.Process, nearest first), then, for a process the fork
+    server forked for a launcher (or one forked below it), that launcher and its ancestors:
+    where the Spark application that started it is found."""
+    import psutil
+
+    from streamlake.platform.fork_server import LAUNCHER_PID_ENV
+
+    lineage = psutil.Process().parents()
+    try:
+        launcher = psutil.Process(int(os.environ[LAUNCHER_PID_ENV]))
+        return [*lineage, launcher, *launcher.parents()]
+    except (KeyError, ValueError, psutil.Error):
+        return lineage
+
+
+def forked_below(pids) -> list:
+    """The processes the fork server forked for any launcher among ``pids``, and theirs."""
+    import psutil
+
+    from streamlake.platform.fork_server import LAUNCHER_PID_ENV
+
+    wanted = {str(pid) for pid in pids}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(LAUNCHER_PID_ENV) in wanted:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

@@ -93,8 +93,10 @@ def spark_defaults(class_archive: bool = True) -> dict[str, str]:
 def python_executable() -> str:
     """The interpreter Spark's Python workers must use (this environment's); never the fork
     server's launcher (:mod:`streamlake.platform.spark_python`) a driver may have been given."""
+    from streamlake.platform.spark_python import is_launcher
+
     python = os.environ.get("PYSPARK_PYTHON") or sys.executable
-    return sys.executable if os.path.basename(python) == "spark-python" else python
+    return sys.executable if is_launcher(python) else python
 
 
 def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
