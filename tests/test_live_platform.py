@@ -92,9 +92,12 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
         log = rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task))
         assert "on the Spark Connect server sc://" in log, (dag, run_id)
         assert "ran as a client forked by the platform's fork server" in log, (dag, run_id)
-    assert "spark-submit, the job has Spark resources of its own" in \
-        rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now",
-                      rest.tries("ingest_orders", runs["ingest_orders"], "ingest_available_now"))
+    ingest_log = rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now",
+                               rest.tries("ingest_orders", runs["ingest_orders"], "ingest_available_now"))
+    assert "spark-submit, the job has Spark resources of its own" in ingest_log
+    # its Python processes (the Kafka source's runner and workers) forked warm by the fork server
+    assert "Spark's Python processes: forked by the platform's fork server" in ingest_log
+    assert "runs -m pyspark.daemon pyspark.worker" in (live_platform.home / "logs" / "fork-server.log").read_text()
     backfill = rest.call("GET", "/streamlake/api/operations?job=orders&limit=100")[1]
     assert any(o["operation"] == "backfill" for o in backfill), backfill
 

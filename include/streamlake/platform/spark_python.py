@@ -73,8 +73,17 @@ if kind != b"a":
     sock.close()
     interpreter()
 child = int(payload)
+
+
+def forward(number, _frame):
+    try:
+        os.kill(child, number)
+    except OSError:  # it has ended: its status is on the way
+        pass
+
+
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-    signal.signal(sig, lambda number, _frame: os.kill(child, number))
+    signal.signal(sig, forward)
 try:
     kind, payload = frame(sock)
 except OSError:
