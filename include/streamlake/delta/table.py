@@ -10,16 +10,23 @@ would turn a successful CLI run into exit status 134.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from streamlake.errors import CommitConflictError
 from streamlake.storage.location import is_object_store, normalize, storage_options
+
+log = logging.getLogger(__name__)
+# How often a writer re-plans a commit it lost to concurrent writers before giving up.
+MAX_COMMIT_ATTEMPTS = 10
 
 # Deletion vectors stay off: delta-rs cannot delete from a table that has them.
 DEFAULT_TABLE_CONFIGURATION = {
@@ -102,6 +109,19 @@ def ensure_table(path: str | os.PathLike, spec: TableSpec,
             f"table at {path} has columns {existing.names}, expected {spec.name} columns {spec.schema.names}"
         )
     return table
+
+
+def with_commit_retries(what: str, attempt_once: Callable[[int], object]) -> object:
+    """Run ``attempt_once(attempt)`` until it does not raise CommitFailedError (a commit lost
+    to a concurrent writer: nothing of it landed, so it is planned and tried again), at most
+    MAX_COMMIT_ATTEMPTS times; then raises CommitConflictError."""
+    for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
+        try:
+            return attempt_once(attempt)
+        except CommitFailedError as exc:
+            log.warning("%s: commit lost to a concurrent commit (%s); re-planning", what, exc)
+            time.sleep(0.05 * attempt)
+    raise CommitConflictError(f"{what}: lost the commit {MAX_COMMIT_ATTEMPTS} times to concurrent writers")
 
 
 def evolve_table(path: str | os.PathLike, spec: TableSpec,

@@ -31,6 +31,7 @@ from streamlake.delta.table import (
     parquet_dataset,
     snapshot_files,
     table_exists,
+    with_commit_retries,
 )
 from streamlake.storage.lake import platform_root
 from streamlake.storage.location import is_object_store, join, require_safe_commits, storage_options
@@ -62,7 +63,10 @@ def append_rows(spec: TableSpec, rows: Iterable[Mapping]) -> int:
     path = platform_table_path(spec.name)
     options = writable_options(path)
     ensure_table(path, spec, options)
-    write_deltalake(path, pa.Table.from_pylist(rows, schema=spec.schema), mode="append", storage_options=options)
+    table = pa.Table.from_pylist(rows, schema=spec.schema)
+    # Writers that create the table at once can lose their first append to another's commit.
+    with_commit_retries(f"append to {spec.name}", lambda _attempt: write_deltalake(
+        path, table, mode="append", storage_options=options))
     return len(rows)
 
 

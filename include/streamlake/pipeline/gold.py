@@ -41,7 +41,15 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
-from streamlake.delta.table import TableSpec, ensure_table, files_overlapping, open_table, parquet_dataset, table_exists
+from streamlake.delta.table import (
+    TableSpec,
+    ensure_table,
+    files_overlapping,
+    open_table,
+    parquet_dataset,
+    table_exists,
+    with_commit_retries,
+)
 from streamlake.errors import InvalidOptionError
 from streamlake.faults import crash_point
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
@@ -54,7 +62,6 @@ from streamlake.pipeline.stage import (
     append_batch,
     commit_metadata,
     stage_transactions,
-    with_commit_retries,
 )
 from streamlake.pipeline.windows import WindowSpec, merge_sessions
 from streamlake.spark.session import is_connect

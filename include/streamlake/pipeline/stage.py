@@ -28,14 +28,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from streamlake.delta.files import add_actions, write_attempt_files
-from streamlake.delta.table import TableSpec, ensure_table, open_table
+from streamlake.delta.table import MAX_COMMIT_ATTEMPTS, TableSpec, ensure_table, open_table
 from streamlake.delta.txn import query_app_id
 from streamlake.errors import CommitConflictError, PositionGapError
 from streamlake.faults import crash_point
@@ -43,7 +43,6 @@ from streamlake.spark.checkpoint import QueryCheckpoint
 
 log = logging.getLogger(__name__)
 
-MAX_COMMIT_ATTEMPTS = 10
 _INDEX_SPAN = 10_000_000  # files per version an encoded position can address
 
 
@@ -245,17 +244,6 @@ def committed_version(path: str, read_version: int, attempt_id: str,
         if entry.get("streamlake", {}).get("attempt") == attempt_id:
             return int(entry["version"])
     return latest
-
-
-def with_commit_retries(what: str, attempt_once: Callable[[int], object]) -> object:
-    """Run ``attempt_once(attempt)`` until it does not raise CommitFailedError."""
-    for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
-        try:
-            return attempt_once(attempt)
-        except CommitFailedError as exc:
-            log.warning("%s: commit lost to a concurrent commit (%s); re-planning", what, exc)
-            time.sleep(0.05 * attempt)
-    raise CommitConflictError(f"{what}: lost the commit {MAX_COMMIT_ATTEMPTS} times to concurrent writers")
 
 
 def resume_options(tables: Mapping[str, str], source: str, source_path: str, checkpoint: QueryCheckpoint,

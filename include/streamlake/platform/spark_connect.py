@@ -73,9 +73,8 @@ def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float =
     if store_environment and not storage_conn_id:
         raise ValueError("a store's credentials for the Spark Connect server need the name of their Airflow "
                          "connection (storage_conn_id): the tasks that may use them are that connection's")
-    from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
-
     from streamlake.platform.spark_python import spark_python
+    from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
 
     if procs.status(SERVICE) is None:
         python = spark_python(master)  # its Python processes forked warm where the fork server runs
