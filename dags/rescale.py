@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param, resume_job
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, OPERATION_MACROS, job_param, resume_job
 
 with DAG(
     dag_id="rescale",
@@ -48,6 +48,7 @@ with DAG(
     tags=["streamlake", "operations", "rescale"],
     **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
+    user_defined_macros=OPERATION_MACROS,
     params={
         "job": job_param(description="The pipeline to rescale."),
         "spark_conn_id": Param("spark_cluster", type="string", enum=["spark_cluster", "spark_default"],
@@ -104,5 +105,4 @@ with DAG(
     sp = savepoint_and_stop()
     measured >> sp
     settings = apply_settings(savepoint=sp)
-    record(settings=settings, savepoint=sp, before=measured) >> resume_job(
-        sp, job="{{ params.job }}", spark_conn_id="{{ params.spark_conn_id }}", after="rescale")
+    record(settings=settings, savepoint=sp, before=measured) >> resume_job(sp, after="rescale")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from airflow.sdk import DAG, Param, task
 
 from streamlake.config import savepoint_ids
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param, resume_job
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, OPERATION_MACROS, job_param, resume_job
 from streamlake.orchestration.operators import JobVerifyOperator
 
 SAVEPOINTS = savepoint_ids()
@@ -44,6 +44,7 @@ with DAG(
     tags=["streamlake", "operations", "savepoint"],
     **MANUAL_OPERATION_DAG,
     render_template_as_native_obj=True,
+    user_defined_macros=OPERATION_MACROS,
     params={
         "job": job_param(description="The pipeline to restore (its newest savepoint, unless an id is given)."),
         "savepoint_id": Param(None, type=["null", "string"], title="Savepoint id",
@@ -73,5 +74,4 @@ with DAG(
         doc_md="Bronze equals the savepoint (audit clean, offsets the manifest's); every stage checked.",
     )
 
-    restored >> check_restored >> resume_job(restored, job=job, spark_conn_id="{{ params.spark_conn_id }}",
-                                             after="restore")
+    restored >> check_restored >> resume_job(restored, after="restore")

@@ -11,7 +11,9 @@ thread) and real Spark, the embedded broker and Delta on disk.
 from __future__ import annotations
 
 import time
+import uuid
 
+import pytest
 from confluent_kafka import TopicPartition as KTP
 from helpers import assert_exactly_once
 from streamlake.delta.table import open_table, table_exists
@@ -76,16 +78,66 @@ def test_60k_records_written_one_per_batch_while_the_job_runs_land_exactly_once_
     assert_exactly_once(lake, topic_name, expected_rows=LIVE_RECORDS)
 
 
-def test_end_probes_on_a_live_topic_answer_quickly_with_real_positions(broker, live_producer, topic_name,
-                                                                       monkeypatch):
+# The two reader tests share one topic: 2 partitions written one record per batch, as fast as
+# the producer can, still written while they run (producing it is most of their time).
+SHARED_PARTITIONS = 2
+SHARED_BATCHES_PER_PARTITION = 40_000
+
+
+@pytest.fixture(scope="module")
+def live_topic(broker):
+    """A running LiveProducer (unbounded, one record per batch) of a topic of SHARED_PARTITIONS
+    partitions; stopped at the module's end (or by a test that needs the final ends)."""
+    from conftest import LiveProducer
+
+    producer = LiveProducer(broker, f"t-{uuid.uuid4().hex[:10]}", SHARED_PARTITIONS).start()
+    yield producer
+    producer.stop(check=False)
+
+
+def test_reading_the_middle_of_a_partition_of_40k_one_record_batches_is_fast(live_topic, monkeypatch):
+    """Where the old fixed fetch.wait.max.ms=10 starved: [15,000, 25,000) of a partition of
+    40,000 one-record batches (and more: the producer is still writing to it). The reader starts
+    at the bottom of the ladder (as a fresh Spark worker does) and must read the range without
+    starving: at least 1,000 records a second, a bound against a collapse (24,000 a second here
+    alone with the producer stopped, 4,800 beside the other test worker's Spark jobs; the fixed
+    10 ms wait read none in 3 s)."""
+    producer, topic_name = live_topic, live_topic.topic
+    producer.wait_delivered(SHARED_PARTITIONS * SHARED_BATCHES_PER_PARTITION, timeout_s=180)
+    conf = client_config()
+    rng = OffsetRange(topic_name, 0, 15_000, 25_000)
+    expected = list(range(rng.start, rng.end))
+    # The old setting, for comparison: the reader's consumer with a fixed 10 ms wait, for 3 s.
+    old = new_consumer(conf, "old-setting", 10)
+    old.assign([KTP(topic_name, 0, rng.start)])
+    old_records, old_started = 0, time.monotonic()
+    while time.monotonic() - old_started < 3.0 and old_records < len(expected):
+        old_records += sum(1 for m in old.consume(1000, 0.1) if m.error() is None)
+    old.close()
+
+    monkeypatch.setattr(fetch_wait, "_step", {})
+    started = time.monotonic()
+    offsets = []
+    for batch in read_range(conf, rng, poll_timeout_ms=30_000, fail_on_data_loss=True):
+        offsets.extend(batch.column("offset").to_pylist())
+    seconds = time.monotonic() - started
+    rate = len(offsets) / seconds
+    print(f"\n[{rng.start}, {rng.end}) of 40,000 one-record batches: fixed 10 ms wait read {old_records:,} records "
+          f"in 3 s ({old_records / 3:,.0f}/s); the adaptive reader read {len(offsets):,} in {seconds:.2f} s "
+          f"({rate:,.0f}/s, ended at {fetch_wait.current_ms(conf)} ms)")
+    assert offsets == expected
+    assert rate >= 1_000, f"{rate:,.0f} records/s"
+
+
+def test_end_probes_on_a_live_topic_answer_quickly_with_real_positions(live_topic, monkeypatch):
     """KafkaMetadataClient.latest while a producer writes one record per batch as fast as it can:
     every call returns within two seconds (it does not chase the producer, and climbs the ladder
     when the partition has grown too big for short fetch waits) with a real end: at least what
     was delivered before the call, at most what was sent when it returned."""
     monkeypatch.setattr(fetch_wait, "_step", {})  # start at the bottom of the ladder, as a new process does
-    partitions = 2
-    producer = live_producer(topic_name, partitions=partitions)  # until stopped
-    producer.wait_delivered(80_000)  # 40,000 one-record batches per partition, and growing
+    producer, topic_name, partitions = live_topic, live_topic.topic, SHARED_PARTITIONS
+    assert producer.running, "the shared producer still writes"
+    producer.wait_delivered(partitions * SHARED_BATCHES_PER_PARTITION)  # one-record batches, and growing
     tps = [TP(topic_name, p) for p in range(partitions)]
     calls: list[tuple[float, dict]] = []
     with KafkaMetadataClient(client_config()) as kafka:
@@ -111,39 +163,3 @@ def test_end_probes_on_a_live_topic_answer_quickly_with_real_positions(broker, l
           f"probe waits reached {fetch_wait.current_ms(client_config(), 'probe')} ms; calls (s, ends): {calls}")
     assert settled == {tp: producer.delivered_per_partition[tp.partition] for tp in tps}, \
         "once the producer stopped, the probe finds the exact end"
-
-
-def test_reading_the_middle_of_a_partition_of_40k_one_record_batches_is_fast(broker, live_producer, topic_name,
-                                                                           monkeypatch):
-    """Where the old fixed fetch.wait.max.ms=10 starved: [15,000, 25,000) of a partition of
-    40,000 one-record batches. The reader starts at the bottom of the ladder (as a fresh Spark
-    worker does) and must read the range without starving: at least 1,000 records a second, a
-    bound against a collapse (24,000 a second here alone, 4,800 beside the other test worker's
-    Spark jobs; the fixed 10 ms wait read none in 3 s)."""
-    producer = live_producer(topic_name, partitions=1, count=40_000, seed=3)
-    producer.wait_delivered(40_000, timeout_s=180)
-    producer.stop()
-    conf = client_config()
-    rng = OffsetRange(topic_name, 0, 15_000, 25_000)
-    expected = list(range(rng.start, rng.end))
-
-    # The old setting, for comparison: the reader's consumer with a fixed 10 ms wait, for 3 s.
-    old = new_consumer(conf, "old-setting", 10)
-    old.assign([KTP(topic_name, 0, rng.start)])
-    old_records, old_started = 0, time.monotonic()
-    while time.monotonic() - old_started < 3.0 and old_records < len(expected):
-        old_records += sum(1 for m in old.consume(1000, 0.1) if m.error() is None)
-    old.close()
-
-    monkeypatch.setattr(fetch_wait, "_step", {})
-    started = time.monotonic()
-    offsets = []
-    for batch in read_range(conf, rng, poll_timeout_ms=30_000, fail_on_data_loss=True):
-        offsets.extend(batch.column("offset").to_pylist())
-    seconds = time.monotonic() - started
-    rate = len(offsets) / seconds
-    print(f"\n[{rng.start}, {rng.end}) of 40,000 one-record batches: fixed 10 ms wait read {old_records:,} records "
-          f"in 3 s ({old_records / 3:,.0f}/s); the adaptive reader read {len(offsets):,} in {seconds:.2f} s "
-          f"({rate:,.0f}/s, ended at {fetch_wait.current_ms(conf)} ms)")
-    assert offsets == expected
-    assert rate >= 1_000, f"{rate:,.0f} records/s"

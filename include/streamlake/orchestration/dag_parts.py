@@ -31,36 +31,43 @@ def job_param(title: str = "Pipeline", description: str = "The pipeline (job) to
                  description=description)
 
 
-def resume_job(state, job: str, spark_conn_id: str, after: str):
-    """Tasks that start the job again after the operation ``after`` (``restore`` or
-    ``rescale``) stopped it and put its state or settings in place, as Flink's ``run -s``
-    does: a run of the job's ``ingest_<job>`` DAG, continuous if the job ran continuously
-    before, otherwise available-now (it catches up with what Kafka holds). Its conf names
-    the operation (``resumes``), so its checks and quality results are recorded under it
-    (and after a rescale it records the throughput on the new resources). The run is not
-    waited for: the operation is done once the job is started; the run's id is
-    ``restored__`` / ``rescaled__`` plus the operation's run id, so the UI and the REST
-    API find it. ``state`` is an XCom dict with ``mode`` and ``job_was_running``.
-    Returns the first task."""
-    from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-    from airflow.sdk import task
-
+def resumed_run_conf(state: dict, spark_conn_id: str, after: str) -> dict:
+    """The conf of the run that starts the job again after the operation ``after``
+    (``restore`` or ``rescale``): continuous if the job ran continuously before it, otherwise
+    scheduled (available-now); the job and ``mode``/``job_was_running`` come from ``state``,
+    the operation's XCom."""
     from streamlake.orchestration.pipeline_dags import RESUMES_CONF_KEY
 
-    @task(task_id="resume_settings")
-    def resume_settings(state: dict, job: str, spark_conn_id: str) -> dict:
-        """The resumed run's conf: the job's mode before the operation, the chosen master."""
-        continuous = state["mode"] == "continuous" and state["job_was_running"]
-        return {"job": job, "mode": "continuous" if continuous else "scheduled", "spark_conn_id": spark_conn_id,
-                RESUMES_CONF_KEY: after}
+    continuous = state["mode"] == "continuous" and state["job_was_running"]
+    return {"job": state["job"], "mode": "continuous" if continuous else "scheduled", "spark_conn_id": spark_conn_id,
+            RESUMES_CONF_KEY: after}
 
-    settings = resume_settings(state, job, spark_conn_id)
-    settings >> TriggerDagRunOperator(
+
+# What the operation DAGs' templates may call (the resumed run's conf, rendered in the
+# trigger task itself: no task of its own between the operation and the job's start).
+OPERATION_MACROS = {"resumed_run_conf": resumed_run_conf}
+
+
+def resume_job(state, after: str):
+    """The task that starts the job again after the operation ``after`` (``restore`` or
+    ``rescale``) stopped it and put its state or settings in place, as Flink's ``run -s``
+    does: a run of the job's ``ingest_<job>`` DAG with :func:`resumed_run_conf` (continuous
+    if the job ran continuously before, otherwise available-now: it catches up with what
+    Kafka holds). Its conf names the operation (``resumes``), so its checks and quality
+    results are recorded under it (and after a rescale it records the throughput on the new
+    resources). The run is not waited for: the operation is done once the job is started;
+    the run's id is ``restored__`` / ``rescaled__`` plus the operation's run id, so the UI and
+    the REST API find it. ``state`` is the operation task's XCom (a dict with ``job``,
+    ``mode`` and ``job_was_running``); the master is the DAG's ``spark_conn_id`` param. The
+    DAG must render templates as native objects and have :data:`OPERATION_MACROS`."""
+    from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+
+    pulled = f"ti.xcom_pull(task_ids='{state.operator.task_id}')"
+    return TriggerDagRunOperator(
         task_id="resume",
-        trigger_dag_id="ingest_{{ ti.xcom_pull(task_ids='resume_settings')['job'] }}",
+        trigger_dag_id=f"ingest_{{{{ {pulled}['job'] }}}}",
         trigger_run_id=f"{after}d__{{{{ run_id }}}}",
-        conf=settings,
+        conf=f"{{{{ resumed_run_conf({pulled}, params.spark_conn_id, '{after}') }}}}",
         wait_for_completion=False,
         doc_md=f"Start the job after the {after}: a run of its ingest DAG (checks and quality after it).",
     )
-    return settings
