@@ -65,6 +65,36 @@ def test_every_trigger_form_can_be_submitted_with_its_defaults(dagbag, dag_id):
     assert "resumes" not in dag.params, "set by restore/rescale through conf, not a person's field"
 
 
+@pytest.mark.parametrize("dag_id,state_task,mode,was_running,resumed", [
+    ("restore", "restore", "continuous", True, "continuous"),
+    ("restore", "restore", "continuous", False, "scheduled"),
+    ("rescale", "savepoint_and_stop", "available-now", True, "scheduled"),
+    ("rescale", "savepoint_and_stop", "continuous", True, "continuous"),
+])
+def test_restore_and_rescale_start_the_job_from_their_trigger_task(dagbag, dag_id, state_task, mode, was_running,
+                                                                   resumed):
+    """The resume task renders the resumed run's DAG, id and conf from the operation's own XCom
+    (no task in between): continuous only if the job ran continuously when it was stopped."""
+    dag = dagbag.dags[dag_id]
+    resume = dag.get_task("resume")
+    assert resume.upstream_task_ids == {"verify_restored" if dag_id == "restore" else "record"}
+    pulled = []
+
+    class TaskInstance:
+        def xcom_pull(self, task_ids):
+            pulled.append(task_ids)
+            return {"job": "orders", "mode": mode, "job_was_running": was_running}
+
+    env = dag.get_template_env()
+    context = {"ti": TaskInstance(), "params": {"spark_conn_id": "spark_cluster"}, "run_id": "manual__1"}
+    render = lambda field: env.from_string(getattr(resume, field)).render(**context)  # noqa: E731
+    assert render("conf") == {"job": "orders", "mode": resumed, "spark_conn_id": "spark_cluster",
+                              "resumes": dag_id}
+    assert render("trigger_dag_id") == "ingest_orders"
+    assert render("trigger_run_id") == f"{dag_id}d__manual__1"
+    assert set(pulled) == {state_task}
+
+
 def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
     """Restarts are the restart strategy's; an Airflow retry would hide that it gave up."""
     for pipeline in PIPELINES:
