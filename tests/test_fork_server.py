@@ -204,6 +204,22 @@ def test_a_burst_of_runs_each_succeeds_with_its_own_output(server):
     assert len({lines[0] for _code, lines in results.values()}) == 12, "twelve processes"
 
 
+def wait_ended(process: psutil.Process, timeout_s: float, message: str) -> None:
+    """Until ``process`` has ended (exited, a zombie or reaped); fails with ``message`` after
+    ``timeout_s``. Its pid alone cannot tell: once reaped, the kernel may give the pid to a new
+    process or thread (JVM threads take pids from the same space; CI failed once on a pid that
+    lived on for 10 s after its process had been reaped). ``is_running`` compares the start time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, message
+        time.sleep(0.1)
+
+
 def test_a_client_that_goes_away_ends_its_run(server):
     """The Airflow task of a run killed: its connection closes, and the forked client is ended."""
     sock, _root = server
@@ -211,13 +227,10 @@ def test_a_client_that_goes_away_ends_its_run(server):
               f"run_client('sleeps.py', ['600'], {{}}, write=lambda l: print(l, flush=True), socket_file={sock!r})\n")
     client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pid = int(client.stdout.readline())
-    assert psutil.pid_exists(pid)
+    forked = psutil.Process(pid)
     client.kill()
     client.wait(10)
-    deadline = time.monotonic() + 15
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, f"forked client {pid} still runs after its caller went away"
-        time.sleep(0.2)
+    wait_ended(forked, 15, f"forked client {pid} still runs after its caller went away")
 
 
 def test_a_long_run_directory_gets_a_short_socket_path(tmp_path):
@@ -279,13 +292,11 @@ def test_a_signal_to_the_launcher_reaches_its_child_and_is_its_exit(server, tmp_
                                  "PYTHONHASHSEED": "0"})
     lines = [proc.stdout.readline().strip() for _ in range(5)]
     child = int(lines[-1].split()[1])
-    assert psutil.Process(child).ppid() == int((root / "server.pid").read_text())
+    forked = psutil.Process(child)
+    assert forked.ppid() == int((root / "server.pid").read_text())
     proc.send_signal(15)
     assert proc.wait(30) == -15, "the launcher ends as its child did: by SIGTERM"
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the child outlived the signal"
-        time.sleep(0.1)
+    wait_ended(forked, 10, "the child outlived the signal")
 
 
 def test_the_session_s_spark_starts_its_python_processes_through_the_fork_server(spark):
