@@ -123,8 +123,9 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
 
 def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     """The ingest DAG's available-now run is a Spark Connect client when its connection names a
-    local master and the job has no Spark resources of its own; on the cluster's master, for
-    a job with resources (``make run``'s, a rescaled one), or on an object store (bronze's files
+    local master and the job has no Spark resources of its own, or when it is the catch-up that
+    completes a restore or rescale on a local master; on the cluster's master, for another run of a
+    job with resources (``make run``'s, a rescaled one), or on an object store (bronze's files
     are written by the read tasks there), it is an application of its own."""
     from streamlake.operations.jobs import JobSpec
     from streamlake.orchestration.operators import JobRunOperator
@@ -139,6 +140,14 @@ def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     with_resources = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml",
                              total_executor_cores=1, executor_cores=1)
     assert "spark.cores.max" in local.needs_own_jvm(with_resources)
+    # the catch-up that completes a restore: its resources do not apply on a local master, and
+    # the operation waits for it (the warm server); on the cluster it is still an application
+    resuming = JobRunOperator(task_id="d", job_name="j", resumes="restore")
+    assert resuming.needs_own_jvm(with_resources) is None
+    assert "spark://127.0.0.1" in JobRunOperator(task_id="e", job_name="j", spark_conn_id="spark_cluster",
+                                                 resumes="rescale").needs_own_jvm(with_resources)
+    assert "only the Kafka read tasks write the files" in resuming.needs_own_jvm(
+        JobSpec(name="j", root="s3://lake/j", definition_file="pipelines/sensors.yaml", total_executor_cores=1))
     on_store = JobSpec(name="j", root="s3://lake/j", definition_file="pipelines/sensors.yaml")
     assert "only the Kafka read tasks write the files" in local.needs_own_jvm(on_store)
 

@@ -116,6 +116,11 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     restore = trigger_from_form(page, base, "restore", screenshot=shot("05-restore-form"), rest=rest)
     succeeded(rest, "restore", restore)
     succeeded(rest, "ingest_sensors", f"restored__{restore}", RESUMED_RUN_TIMEOUT_S)
+    # its catch-up (the form's default master, local) ran on the warm server although the demo
+    # job has cluster resources of its own: they do not apply locally, and the restore waits for it
+    catch_up = rest.task_log("ingest_sensors", f"restored__{restore}", "ingest_available_now",
+                             rest.tries("ingest_sensors", f"restored__{restore}", "ingest_available_now"))
+    assert "pipeline.py of job sensors on the Spark Connect server sc://" in catch_up
     operations = rest.call("GET", "/streamlake/api/operations?job=sensors&limit=100")[1]
     restored = [json.loads(o["details"]) for o in operations if o["operation"] == "restore"]
     noted_id = next(s["id"] for s in rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1]

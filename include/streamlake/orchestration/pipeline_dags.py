@@ -86,7 +86,9 @@ Two modes, chosen by the `mode` param:
   *available-now* trigger, one after the other. Everything Kafka holds at the start flows through to
   gold. A job without Spark resources of its own, on a local master (`spark_default`), runs on the
   platform's Spark Connect server (`spark_connect_default`) when that answers, with no JVM of its
-  own; with `spark_cluster`, for a job with resources of its own, or when no server answers, through
+  own; so does the catch-up that completes a restore or rescale on a local master (`restored__…`,
+  `rescaled__…`: the operation waits for it, and a job's resources do not apply to a local master).
+  With `spark_cluster`, for another run of a job with resources of its own, or when no server answers, through
   the Spark provider's `spark-submit` on the master of the `spark_conn_id` connection. The task log
   says which.
 * **continuous** (trigger by hand): a supervisor keeps the processing-time queries running and restarts
@@ -144,6 +146,7 @@ recompute from silver, and Great Expectations on the rows the run added (StreamL
 
         ingest = JobRunOperator(
             task_id="ingest_available_now", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",
+            resumes=f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or '' }}}}",
             doc_md="The pipeline's stages, available-now, one after the other: on the Spark Connect server, "
                    "or a spark-submit of its own (the log says which and why).",
             inlets=topics, outlets=tables)
