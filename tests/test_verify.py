@@ -57,6 +57,86 @@ def test_verify_records_every_check_and_quality_then_only_what_changed(spark, pr
     assert silver["versions"][0] is not None, "quality validates only what the run added"
 
 
+def _write(version):
+    return {"version": version, "operation": "WRITE"}
+
+
+def _restore(version, to, operation="RESTORE"):
+    return {"version": version, "operation": operation, "streamlake": {"operation": "restore", "toVersion": to}}
+
+
+@pytest.mark.parametrize("log, since, through, held", [
+    ([_write(1), _write(2), _write(3), _write(4)], 2, 4, [3, 4]),
+    ([_write(1), _write(2), _write(3), _restore(4, 2), _write(5)], 2, 5, [5]),  # back to the accounted version
+    ([_write(1), _write(2), _write(3), _restore(4, 2), _write(5)], 1, 5, [2, 5]),  # silver had consumed 1
+    ([_write(1), _write(2), _write(3), _write(4), _write(5), _restore(6, 2), _write(7), _restore(8, 4)], 2, 8,
+     [3, 4]),  # to a version a first restore had rolled back: its snapshot, not the latest appends
+    ([_write(1), _write(2), _restore(3, 2, "WRITE"), _write(4)], 1, 4, [2, 4]),  # a restore to the same version
+    ([_write(1), _write(2), _write(3), _restore(4, 1), _write(5)], 2, 5, None),  # before the accounted version
+    ([_write(1), _write(2), {"version": 3, "operation": "OPTIMIZE"}], 1, 3, None),  # a rewrite
+    ([_write(1), _write(2), {"version": 3, "operation": "RESTORE"}], 1, 3, None),  # a restore not a savepoint's
+])
+def test_the_appends_a_bronze_snapshot_holds_are_read_from_its_log(monkeypatch, log, since, through, held):
+    """Which bronze commits' rows the accounting reads after ``since``: appends, less what a
+    savepoint's restore rolled back; None (account for everything) where the log does not
+    say. The Delta log is a stand-in here (its history entries); the test above runs it on
+    real tables."""
+    from streamlake.operations import pipeline_checks
+
+    class Log:
+        def version(self):
+            return max(c["version"] for c in log)
+
+        def history(self, limit):
+            return sorted(log, key=lambda c: -c["version"])[:limit]
+
+    monkeypatch.setattr(pipeline_checks, "open_table", lambda _path: Log())
+    assert pipeline_checks._appended_since("bronze", since, through) == held
+
+
+def test_the_accounting_stays_incremental_across_a_restore_and_sees_what_it_rolled_back(spark, produce, job):
+    """After a savepoint's restore the pipeline accounting reads only the appends bronze
+    still holds (the records read again from the savepoint's offsets, and the new ones),
+    not all of bronze; a silver row of a commit the restore rolled back, left behind, is
+    caught as extra. The counts are the records this test produced."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable, write_deltalake
+
+    from streamlake.operations.pipeline_checks import account_for_bronze
+    from streamlake.operations.savepoints import create_savepoint, restore_savepoint
+
+    tables, definition, topic = job.tables(), job.definition, job.source_topics[0]
+    run_once(spark, job)
+    first = account_for_bronze(spark, tables, definition)
+    assert first.passed and first.bronze_rows == 400, first.summary()
+    savepoint = create_savepoint(job)
+    produce(topic, 200, seed=63, definition=definition)
+    run_once(spark, job)
+    later = account_for_bronze(spark, tables, definition, first.bronze_version)
+    assert later.passed and later.bronze_rows == 200, later.summary()
+    restore_savepoint(savepoint.id)
+    restored = account_for_bronze(spark, tables, definition, later.bronze_version)  # as verify_restored
+    assert restored.passed and restored.bronze_version == first.bronze_version, restored.summary()
+
+    produce(topic, 150, seed=64, definition=definition)
+    run_once(spark, job)
+    resumed = account_for_bronze(spark, tables, definition, restored.bronze_version)
+    assert resumed.passed, resumed.summary()
+    assert resumed.since_version == first.bronze_version, "incremental across the restore"
+    assert resumed.bronze_rows == 200 + 150, resumed.summary()
+
+    silver = DeltaTable(tables["silver"]).to_pyarrow_table()
+    # a row from before the savepoint, as if the rolled-back commit had written it
+    stale = silver.filter(pc.field("bronze_version") <= first.bronze_version).slice(0, 1)
+    column = stale.schema.get_field_index("bronze_version")
+    stale = stale.set_column(column, stale.schema.field(column),
+                             pa.array([later.bronze_version], stale.schema.field(column).type))
+    write_deltalake(tables["silver"], stale, mode="append")
+    broken = account_for_bronze(spark, tables, definition, restored.bronze_version)
+    assert not broken.passed and broken.extra == 1, broken.summary()
+
+
 def test_verify_fails_with_the_failed_check_named_when_gold_is_wrong(spark, job):
     from deltalake import DeltaTable
 

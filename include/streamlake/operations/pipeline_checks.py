@@ -84,9 +84,12 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
 
     With ``since_version`` (the version a previous passing accounting reached) only
     the rows bronze's commits after it added are accounted for, and only the silver
-    and quarantine rows read from them: the cost follows what changed. Falls back
-    to everything when bronze's log since then holds anything but appends (a
-    restore or a rewrite), or cannot be read."""
+    and quarantine rows read from them: the cost follows what changed. A savepoint's
+    restore in between is followed (:func:`_appended_since`): only the appends whose
+    rows bronze still holds are read, and silver or quarantine rows from a commit the
+    restore rolled back count as extra. Falls back to everything when bronze's log
+    since then holds anything else (a rewrite, a restore to before ``since_version``),
+    or cannot be read."""
     from pyspark.sql import functions as F
 
     from streamlake.delta.changes import read_changes
@@ -97,18 +100,23 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
     if any(v is None for v in versions):
         return AccountingReport(None)
     through = min(versions)
-    if since_version is not None and (since_version >= through or not _appends_only(tables["bronze"], since_version,
-                                                                                      through)):
-        since_version = None if since_version < through else since_version
     if since_version is not None and since_version >= through:
         return AccountingReport(through, since_version)
+    appended = _appended_since(tables["bronze"], since_version, through) if since_version is not None else None
+    if appended is None:
+        since_version = None
     s_spec = silver_spec(definition)
     if since_version is None:
         bronze = read_table(spark, tables["bronze"], BRONZE, through)
         s_rows = read_table(spark, tables["silver"], s_spec).where(F.col("bronze_version") <= through)
         q_rows = read_table(spark, tables["quarantine"], QUARANTINE).where(F.col("bronze_version") <= through)
     else:
-        bronze, _range = read_changes(spark, tables["bronze"], since_version, through)
+        # the rows of the appends bronze still holds; silver and quarantine rows of every
+        # version in the range, so a row of a rolled-back commit shows as extra
+        parts = [read_changes(spark, tables["bronze"], start, end)[0] for start, end in _runs(appended)]
+        bronze = parts[0] if parts else read_changes(spark, tables["bronze"], through, through)[0]
+        for part in parts[1:]:
+            bronze = bronze.unionByName(part)
         window = (F.col("bronze_version") > since_version) & (F.col("bronze_version") <= through)
         s_rows = read_files(spark, tables["silver"], s_spec, files_overlapping(
             silver, "bronze_version", since_version + 1, through), silver.version()).where(window)
@@ -155,14 +163,46 @@ def account_for_bronze(spark, tables: dict[str, str], definition: PipelineDefini
             valid.unpersist()
 
 
-def _appends_only(path: str, since: int, through: int) -> bool:
-    """True when bronze's commits in ``(since, through]`` only appended (no restore, no rewrite)."""
+def _appended_since(path: str, since: int, through: int) -> list[int] | None:
+    """The versions in ``(since, through]`` whose appended rows bronze's snapshot at
+    ``through`` still holds: every append, less those a savepoint's restore (a commit
+    :func:`streamlake.operations.savepoints.restore_savepoint` marks with the version it
+    restores) rolled back. None when that cannot be told from the log: a commit that is
+    neither an append nor such a restore (a rewrite), a restore to a version before
+    ``since`` (rows the previous accounting saw are gone), an unreadable log."""
     try:
-        history = open_table(path).history(limit=max(1, open_table(path).version() - since))
+        table = open_table(path)
+        history = {int(h["version"]): h for h in table.history(limit=max(1, table.version() - since))
+                   if "version" in h}
     except Exception:  # noqa: BLE001 - an unreadable log: account for everything
-        return False
-    return all(h.get("operation") in ("WRITE", "CREATE TABLE") for h in history
-               if since < int(h.get("version", -1)) <= through)
+        return None
+    held: dict[int, list[int]] = {since: []}  # version -> the appends after since its snapshot holds
+    for version in range(since + 1, through + 1):
+        commit = history.get(version)
+        if commit is None:
+            return None
+        marks = commit.get("streamlake") if isinstance(commit.get("streamlake"), dict) else {}
+        if marks.get("operation") == "restore":
+            to = marks.get("toVersion")
+            if to not in held or to >= version:
+                return None
+            held[version] = held[to]
+        elif commit.get("operation") in ("WRITE", "CREATE TABLE"):
+            held[version] = [*held[version - 1], version]
+        else:
+            return None
+    return held[through]
+
+
+def _runs(versions: list[int]) -> list[tuple[int, int]]:
+    """Ascending versions as ranges ``(start, end]`` of consecutive ones: [3, 4, 7] -> [(2, 4), (6, 7)]."""
+    runs: list[tuple[int, int]] = []
+    for v in versions:
+        if runs and runs[-1][1] == v - 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v - 1, v))
+    return runs
 
 
 def _silver_ids_near(spark, silver_path: str, definition: PipelineDefinition, events):
