@@ -77,7 +77,7 @@ def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, exp
                                             accounting.summary(), accounting.to_dict(), context))
     if "gold" in stages:
         for aggregate in definition.aggregates:
-            start = _changed_event_times(spark, job, _last_passing(job, "gold", aggregate.name))
+            start = _changed_event_times(spark, job, aggregate, _last_passing(job, "gold", aggregate.name))
             if start is False:
                 continue
             report = check_gold(spark, tables, definition, aggregate, start)
@@ -105,21 +105,27 @@ def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, exp
     return summary
 
 
-def _changed_event_times(spark, job: JobSpec, previous: dict | None):
-    """Where gold can have changed since the last gold check: the earliest event time of the
-    silver rows added after the silver version it checked (None: everything; False: nothing)."""
+def _changed_event_times(spark, job: JobSpec, aggregate, previous: dict | None):
+    """Where ``aggregate``'s gold can have changed since its last gold check: the earliest
+    event time of the silver rows gold consumed after the silver version that check compared
+    against (None: everything; False: nothing). Rows silver holds and gold has not consumed
+    yet cannot have changed gold: the next proof after gold consumes them covers them. Gold
+    restored to before the last check's version (a savepoint's restore): everything."""
     from pyspark.sql import functions as F
 
     from streamlake.delta.changes import read_changes
     from streamlake.delta.table import open_table
+    from streamlake.operations.pipeline_checks import consumed_version
 
     if not previous or previous.get("silver_version") is None:
         return None
     since = int(previous["silver_version"])
-    silver = open_table(job.table_path("silver"))
-    if silver.version() <= since:
+    consumed = consumed_version(open_table(job.table_path(aggregate.gold_table)), "silver")
+    if consumed is None or consumed < since:
+        return None
+    if consumed == since:
         return False
-    added, _range = read_changes(spark, job.table_path("silver"), since, silver.version())
+    added, _range = read_changes(spark, job.table_path("silver"), since, consumed)
     earliest = added.agg(F.min(F.unix_micros(F.col(f"`{job.definition.event_time}`")))).first()[0]
     if earliest is None:
         return False
