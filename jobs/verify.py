@@ -1,6 +1,7 @@
 """spark-submit entrypoint: every check and the data-quality validation after an operation.
 
     spark-submit jobs/verify.py --job sensors --operation restore [--expected-offsets JSON] [--version V]
+        [--no-quality | --quality-only]
 
 Run by the DAGs after ingest, savepoint, restore, rescale (and backfill runs its
 own); the logic is :func:`streamlake.operations.verify.verify_job`. Exit status:
@@ -31,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expected-offsets", help="JSON offsets bronze must hold (after a restore: the savepoint's)")
     parser.add_argument("--version", type=int, help="check bronze at this version (a savepoint's)")
     parser.add_argument("--context", default="{}", help="JSON recorded with the results (DAG run ids)")
-    parser.add_argument("--no-quality", action="store_true", help="checks only, no Great Expectations validation")
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--no-quality", action="store_true", help="checks only, no Great Expectations validation")
+    part.add_argument("--quality-only", action="store_true",
+                      help="the Great Expectations validation only, no checks (the ingest DAG's quality task)")
     parser.add_argument("--job-running", action="store_true", help="the job runs: check freshness too")
     parser.add_argument("--remote", help="sc://host:port: run on this Spark Connect server (no JVM of its own)")
     args = parser.parse_args(argv)
@@ -40,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = verify_job(spark, load_job(args.job), args.operation, context=json.loads(args.context),
                              expected_offsets=json.loads(args.expected_offsets) if args.expected_offsets else None,
-                             bronze_version=args.version, quality=not args.no_quality, job_running=args.job_running)
+                             bronze_version=args.version, checks=not args.quality_only, quality=not args.no_quality,
+                             job_running=args.job_running)
     except (ConsistencyError, QualityError) as exc:
         print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 3

@@ -113,12 +113,34 @@ def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
 
     def pools(bag):
         return {t.task_id: t.pool for d in bag.dags.values() for t in d.tasks
-                if t.task_id in ("ingest_available_now", "backfill", "verify")}
+                if t.task_id in ("ingest_available_now", "backfill", "verify", "quality")}
 
     assert set(pools(dagbag).values()) == {"default_pool"}
     monkeypatch.setenv(SPARK_POOL_ENV, SPARK_POOL)
     pooled = pools(DagBag(dag_folder=str(ROOT / "dags")))
-    assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": "default_pool", "verify": "default_pool"}
+    assert pooled == {"ingest_available_now": SPARK_POOL, "backfill": "default_pool", "verify": "default_pool",
+                      "quality": "default_pool"}
+
+
+def test_an_ingest_run_is_proven_by_its_checks_then_reports_its_quality(dagbag):
+    """The ingest DAG's verify runs the checks alone (the proof of the run, and of the restore
+    or rescale it completes); the quality task validates after it passed, recorded under the
+    same operation; the savepoint's and the restore's own verify still run both."""
+    from streamlake.operations.jobs import JobSpec
+
+    job = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
+    for pipeline in PIPELINES:
+        dag = dagbag.dags[f"ingest_{pipeline}"]
+        verify, quality = dag.get_task("verify"), dag.get_task("quality")
+        assert quality.upstream_task_ids == {"verify"}
+        assert dag.get_task("rescale_throughput").upstream_task_ids == {"verify"}
+        assert verify.operation == quality.operation and "resumes" in quality.operation
+        assert verify.job_arguments(job)[-1] == "--no-quality"
+        assert quality.job_arguments(job)[-1] == "--quality-only"
+        assert "--no-quality" not in quality.job_arguments(job)
+    for dag_id, task_id in (("savepoint", "verify"), ("restore", "verify_restored")):
+        both = dagbag.dags[dag_id].get_task(task_id).job_arguments(job)
+        assert "--no-quality" not in both and "--quality-only" not in both
 
 
 def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():

@@ -87,11 +87,17 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     # The proofs and the backfills ran on the platform's Spark Connect server, not in a JVM of
     # their own, each as a client the fork server forked with its libraries imported; the
     # ingests, of jobs with Spark resources of their own, each in its own JVM.
+    logs = {}
     for dag, run_id, task in (("savepoint", savepoint, "verify"), ("ingest_sensors", runs["ingest_sensors"], "verify"),
+                              ("ingest_sensors", runs["ingest_sensors"], "quality"),
                               ("backfill_orders", backfills["backfill_orders"], "backfill")):
-        log = rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task))
-        assert "on the Spark Connect server sc://" in log, (dag, run_id)
-        assert "ran as a client forked by the platform's fork server" in log, (dag, run_id)
+        log = logs[dag, task] = rest.task_log(dag, run_id, task, rest.tries(dag, run_id, task))
+        assert "on the Spark Connect server sc://" in log, (dag, run_id, task)
+        assert "ran as a client forked by the platform's fork server" in log, (dag, run_id, task)
+    # an ingest run: the proof (the checks), then the quality report in a task of its own
+    proof, report = logs["ingest_sensors", "verify"], logs["ingest_sensors", "quality"]
+    assert "PASS kafka-audit" in proof and "quality silver" not in proof
+    assert "quality silver" in report and "kafka-audit" not in report
     ingest_log = rest.task_log("ingest_orders", runs["ingest_orders"], "ingest_available_now",
                                rest.tries("ingest_orders", runs["ingest_orders"], "ingest_available_now"))
     assert "spark-submit, the job has Spark resources of its own" in ingest_log

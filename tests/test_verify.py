@@ -46,15 +46,29 @@ def test_verify_records_every_check_and_quality_then_only_what_changed(spark, pr
     assert recorded == {"kafka-audit", "pipeline-accounting", "gold"}
     assert {r["table_name"] for r in read_results()} >= tables
 
+    # the second run as the ingest DAG proves it: the checks (verify), then the quality task
     produce(job.source_topics[0], 200, seed=62, out_of_order_seconds=3, definition=job.definition)
     run_once(spark, job)
-    second = verify_job(spark, job, "ingest")
+    validations = len(read_results())
+    proof = verify_job(spark, job, "ingest", quality=False)
+    assert "quality" not in proof and len(read_results()) == validations, "the checks alone validate nothing"
     accounting = next(c for c in recent_checks(50, job.name) if c["kind"] == "pipeline-accounting")
     details = json.loads(accounting["context"])["details"]
     assert details["since_version"] is not None, "the second accounting covers only the new bronze versions"
     assert details["bronze_rows"] == 200
+    checks = len(recent_checks(50, job.name))
+    second = verify_job(spark, job, "ingest", checks=False)
+    assert second["checks"] == [] and len(recent_checks(50, job.name)) == checks, "quality alone checks nothing"
     silver = next(q for q in second["quality"] if q["table"] == "silver")
     assert silver["versions"][0] is not None, "quality validates only what the run added"
+    from deltalake import DeltaTable
+
+    since, through = silver["versions"]
+    added = (DeltaTable(job.table_path("silver"), version=through).to_pyarrow_table().num_rows
+             - DeltaTable(job.table_path("silver"), version=since).to_pyarrow_table().num_rows)
+    assert silver["rows"] == added > 0, silver  # silver only grows by appends
+    with pytest.raises(ValueError):
+        verify_job(spark, job, "ingest", checks=False, quality=False)
 
 
 def test_gold_is_checked_again_only_for_the_silver_rows_it_consumed(spark, produce, job):

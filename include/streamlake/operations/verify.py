@@ -1,7 +1,11 @@
-"""The proof after an operation: every check and the data-quality validation, in one Spark job.
+"""The proof after an operation: every check, and the data-quality validation.
 
 After an ingest, a savepoint, a restore, a rescale or a backfill, the DAGs run
-``jobs/verify.py`` (spark-submit), which calls :func:`verify_job`:
+``jobs/verify.py`` (on the Spark Connect server, or a spark-submit), which calls
+:func:`verify_job`. The checks (1-3) prove that nothing was lost or duplicated;
+the validation (4) reports on the rows. They can run together (the savepoint and
+restore DAGs' verify) or apart (the ingest DAG: ``verify`` runs the checks, the
+proof of the run and of the operation it completes, then ``quality`` the report):
 
 1. **bronze against Kafka** (:func:`streamlake.operations.consistency.check_consistency`,
    incremental from the last proof), optionally at a pinned version and with the
@@ -46,22 +50,51 @@ def _last_passing(job: JobSpec, kind: str, aggregate: str | None = None) -> dict
 
 def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None = None,
                expected_offsets: dict | None = None, bronze_version: int | None = None,
-               quality: bool = True, job_running: bool = False) -> dict:
-    """Run and record every check and the quality validation for ``job`` after ``operation``
-    (see the module docstring). Returns a JSON-able summary; raises on a failure. Proofs of
-    one job run one at a time (``JobControl.proving``): the later one covers what changed since."""
+               checks: bool = True, quality: bool = True, job_running: bool = False) -> dict:
+    """Run and record every check (``checks``) and the quality validation (``quality``) for
+    ``job`` after ``operation`` (see the module docstring). Returns a JSON-able summary; raises
+    ConsistencyError when a check failed, QualityError when a critical expectation failed
+    (every result recorded first), ValueError when asked for neither. Proofs of one job run
+    one at a time (``JobControl.proving``): the later one covers what changed since."""
+    if not (checks or quality):
+        raise ValueError("verify_job needs checks, quality or both")
     with job.control.proving():
         return _verify(spark, job, operation, context=context, expected_offsets=expected_offsets,
-                       bronze_version=bronze_version, quality=quality, job_running=job_running)
+                       bronze_version=bronze_version, checks=checks, quality=quality, job_running=job_running)
 
 
 def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, expected_offsets: dict | None,
-            bronze_version: int | None, quality: bool, job_running: bool) -> dict:
+            bronze_version: int | None, checks: bool, quality: bool, job_running: bool) -> dict:
+    context = dict(context or {})
+    summary = {"job": job.name, "operation": operation, "checks": []}
+    if checks:
+        summary["checks"] = _run_checks(spark, job, operation, context, expected_offsets, bronze_version)
+    if quality:
+        from streamlake.quality.validate import validate_operation
+
+        reports = validate_operation(job.tables(), None, operation, context, definition=job.definition, spark=spark,
+                                     job_running=job_running, raise_on_critical=False)
+        summary["quality"] = [{"table": r.table, "status": r.status, "rows": r.rows,
+                               "versions": [r.from_version, r.to_version]} for r in reports]
+        for r in reports:
+            log.info("quality of %s %s: %s (%d rows)", r.table, [r.from_version, r.to_version], r.status, r.rows)
+    from streamlake.operations.consistency import require_passed
+
+    require_passed(summary["checks"])
+    if quality:
+        from streamlake.quality.validate import require_quality
+
+        require_quality(reports)
+    return summary
+
+
+def _run_checks(spark, job: JobSpec, operation: str, context: dict, expected_offsets: dict | None,
+                bronze_version: int | None) -> list[dict]:
+    """Run and record checks 1-3 of the module docstring; their results (not raised here)."""
     from streamlake.kafka.offsets import offsets_from_json
-    from streamlake.operations.consistency import check_consistency, record_pipeline_check, require_passed
+    from streamlake.operations.consistency import check_consistency, record_pipeline_check
     from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
 
-    context = dict(context or {})
     checks = []
     audit = check_consistency(job, operation, version=bronze_version, context=context,
                               expected_offsets=offsets_from_json(expected_offsets) if expected_offsets else None)
@@ -86,23 +119,7 @@ def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, exp
                                                 context, table_path=tables[aggregate.gold_table]))
     for check in checks:
         log.info("%s: %s", check["verdict"], check["summary"])
-    summary = {"job": job.name, "operation": operation, "checks": checks}
-    if quality:
-        from streamlake.quality.validate import validate_operation
-
-        reports = validate_operation(tables, None, operation, context, definition=definition, spark=spark,
-                                     job_running=job_running, raise_on_critical=False)
-        summary["quality"] = [{"table": r.table, "status": r.status, "rows": r.rows,
-                               "versions": [r.from_version, r.to_version]} for r in reports]
-        for r in reports:
-            log.info("quality of %s %s: %s (%d rows)", r.table, [r.from_version, r.to_version], r.status, r.rows)
-        require_passed(checks)
-        from streamlake.quality.validate import require_quality
-
-        require_quality(reports)
-    else:
-        require_passed(checks)
-    return summary
+    return checks
 
 
 def _changed_event_times(spark, job: JobSpec, aggregate, previous: dict | None):

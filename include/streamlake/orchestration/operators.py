@@ -262,19 +262,22 @@ class JobVerifyOperator(_ConnectFirstOperator):
     :func:`streamlake.operations.verify.verify_job`): bronze against Kafka, every bronze
     row once downstream, gold against a recompute, Great Expectations on the rows the
     operation added. Fails (with the failing checks or expectations in the log) when
-    one fails. ``expected_offsets`` (JSON) and ``version`` pin bronze's check, e.g. to a
-    savepoint. Runs on the Spark Connect server where one answers (see the base class)."""
+    one fails. With ``quality=False`` the checks only (the proof; a
+    :class:`JobQualityOperator` after it reports the quality). ``expected_offsets`` (JSON)
+    and ``version`` pin bronze's check, e.g. to a savepoint. Runs on the Spark Connect
+    server where one answers (see the base class)."""
 
     job_application = "verify.py"
     template_fields = (*_ConnectFirstOperator.template_fields, "operation", "expected_offsets", "version")
     ui_color = "#e8e4f0"
 
     def __init__(self, *, operation: str, expected_offsets: str | None = None, version: str | int | None = None,
-                 **kwargs: Any) -> None:
+                 quality: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.operation = operation
         self.expected_offsets = expected_offsets
         self.version = version
+        self.quality = quality
 
     def job_arguments(self, job) -> list[str]:
         from streamlake.orchestration.tasks import run_context
@@ -285,7 +288,28 @@ class JobVerifyOperator(_ConnectFirstOperator):
             args += ["--expected-offsets", offsets if isinstance(offsets, str) else json.dumps(offsets)]
         if self.version not in (None, "", "None"):
             args += ["--version", str(self.version)]
-        return args
+        return args + ([] if self.quality else ["--no-quality"])
+
+
+class JobQualityOperator(_ConnectFirstOperator):
+    """The data-quality validation alone (``jobs/verify.py --quality-only``): Great
+    Expectations on the rows each of the job's tables gained since its last validation,
+    recorded under ``operation``. Fails when a critical expectation fails (warnings only
+    flag the results). Runs on the Spark Connect server where one answers."""
+
+    job_application = "verify.py"
+    template_fields = (*_ConnectFirstOperator.template_fields, "operation")
+    ui_color = "#e4f0e8"
+
+    def __init__(self, *, operation: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.operation = operation
+
+    def job_arguments(self, job) -> list[str]:
+        from streamlake.orchestration.tasks import run_context
+
+        return ["--job", job.name, "--operation", str(self.operation), "--context", json.dumps(run_context()),
+                "--quality-only"]
 
 
 class JobBackfillOperator(_ConnectFirstOperator):

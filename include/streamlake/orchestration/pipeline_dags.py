@@ -65,11 +65,11 @@ def _tables_doc(definition) -> str:
 
 def ingest_dag(job, definition):
     """``ingest_<pipeline>``: the pipeline's stages, scheduled (available-now) or continuous,
-    then the proof (checks and data quality)."""
+    then the proof (the checks), then the data-quality report."""
     from airflow.sdk import DAG, Param, TriggerRule, task
 
     from streamlake.orchestration.assets import stage_outputs, topic_assets
-    from streamlake.orchestration.operators import JobRunOperator, JobVerifyOperator
+    from streamlake.orchestration.operators import JobQualityOperator, JobRunOperator, JobVerifyOperator
 
     doc = f"""
 ### {ingest_dag_id(job.name)}: pipeline `{job.name}`, Kafka -> bronze -> silver -> gold, exactly once
@@ -96,10 +96,12 @@ Two modes, chosen by the `mode` param:
   The run ends when the job is stopped (`streamlake job stop {job.name}`, or the `savepoint` DAG with
   *stop*).
 
-Then **verify**: bronze against Kafka, every bronze row once downstream, every gold table against a
-recompute from silver, and Great Expectations on the rows the run added (StreamLake menu:
-*Consistency checks*, *Data quality*). A run started by `restore` or `rescale` (`restored__…` /
-`rescaled__…`) completes that operation: its checks are recorded under it. Only one run at a time.
+Then **verify**, the proof: bronze against Kafka, every bronze row once downstream, every gold table
+against a recompute from silver (StreamLake menu: *Consistency checks*). After it passes, **quality**:
+Great Expectations on the rows the run added (*Data quality*); it fails the run when a critical
+expectation fails. A run started by `restore` or `rescale` (`restored__…` / `rescaled__…`) completes
+that operation: its proof is that operation's, and its checks and quality results are recorded under
+it. Only one run at a time.
 """
     tables = stage_outputs(job.name)
     topics = topic_assets(job.name)
@@ -161,11 +163,14 @@ recompute from silver, and Great Expectations on the rows the run added (StreamL
                 "delay_s": params["restart_delay_seconds"], "max_failures": params["max_failures_per_interval"],
                 "interval_s": params["failure_interval_seconds"]})
 
+        operation = f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or 'ingest-' ~ params.mode }}}}"
         verify = JobVerifyOperator(
-            task_id="verify", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",
-            operation=f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or 'ingest-' ~ params.mode }}}}",
-            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
-            doc_md="Checks (bronze vs Kafka, every bronze row once downstream, gold vs recompute) and data quality.")
+            task_id="verify", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
+            quality=False, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            doc_md="The proof: bronze vs Kafka, every bronze row once downstream, gold vs a recompute from silver.")
+        quality = JobQualityOperator(
+            task_id="quality", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
+            doc_md="Great Expectations on the rows each table gained since its last validation (after the proof).")
 
         @task.run_if(lambda context: (context["dag_run"].conf or {}).get(RESUMES_CONF_KEY) == "rescale",
                      skip_message="not resuming a rescale")
@@ -176,7 +181,7 @@ recompute from silver, and Great Expectations on the rows the run added (StreamL
 
             return measure_rescale(job.name)
 
-        choose_mode() >> [ingest, supervise()] >> verify >> rescale_throughput()
+        choose_mode() >> [ingest, supervise()] >> verify >> [quality, rescale_throughput()]
     return dag
 
 
