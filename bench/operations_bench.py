@@ -10,8 +10,9 @@
    ``savepoint`` (proven: its verify task), ``restore`` and ``rescale`` (proven: the
    resumed job's first run and its verify), a backfill of one hour of event time.
    Each row is wall time from the trigger until it is proven (the end of the verify task
-   that proves it; a backfill: the end of its run, whose backfill task proves itself), with
-   the verify task's own time.
+   that proves it: a resumed run's verify runs the checks, its quality task follows; a
+   backfill: the end of its run, whose backfill task proves itself), with the verify task's
+   own time and when the quality of the same rows was reported.
 3. Baseline, in the same run: the same operations idle with the Spark Connect server
    stopped, so every check is a spark-submit of its own (the fallback). Ratio =
    Connect / spark-submit, of the verify task and of trigger to proven. "Idle" means the
