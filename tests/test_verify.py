@@ -185,6 +185,15 @@ def test_verify_fails_with_the_failed_check_named_when_gold_is_wrong(spark, job)
     failed = [r for r in recent_checks(20, job.name) if r["verdict"] == "FAIL"]
     assert [r["kind"] for r in failed] == ["gold"] and "mismatched" in failed[0]["summary"]
     assert failed[0]["table_path"].endswith("gold/revenue_5m")
+    # the quality task on its own (the ingest DAG's, after the proof) fails on the same rows,
+    # naming the critical expectation, and records no check
+    from streamlake.quality.validate import QualityError
+
+    checks = len(recent_checks(50, job.name))
+    with pytest.raises(QualityError, match=r"gold/revenue_5m.*FAIL") as err:
+        verify_job(spark, job, "manual", checks=False)
+    assert any(r.table == "gold/revenue_5m" and r.critical_failures for r in err.value.reports)
+    assert len(recent_checks(50, job.name)) == checks
 
 
 def test_check_runs_on_a_spark_connect_server_and_finds_what_verify_finds(spark, produce, job, broker):
