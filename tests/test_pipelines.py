@@ -13,6 +13,8 @@ aggregate (tests/oracle.py), never against the pipeline's code.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import threading
 import time
@@ -151,6 +153,24 @@ def test_quarantine_holds_exactly_the_malformed_records_with_their_labelled_reas
     reasons = set(run.definition.quarantine_reasons())
     assert {r.reason for r in rows} == reasons, "every reason, rules included, was produced and recognised"
     assert all(r.message for r in rows)
+    # A wrong JSON type is named in lower case, as the record has it (the JSON value's own
+    # type, seen from the test's copy of the record), the declared type as declared.
+    fields = {f.name: f for f in run.definition.fields}
+    json_type = {str: "string", bool: "boolean", dict: "object", list: "array"}
+    sent = {where: record.value for record, where in run.kind("malformed")}
+    for r in rows:
+        if r.reason == "wrong_type":
+            named = re.findall(r"(\w+) is JSON (.+?), not (.+?)(?=, \w+ is JSON |$)",
+                               r.message.removeprefix("wrong JSON type: "))
+            value = json.loads(sent[(r.partition, r.offset)])
+            assert named, r.message
+            for name, seen, declared in named:
+                assert declared == fields[name].type.sql, r.message
+                assert seen == seen.lower() and seen.startswith(json_type.get(type(value[name]), "")), r.message
+        elif r.reason == "not_object":
+            seen = re.fullmatch(r"the value is JSON (.+), not an object", r.message)
+            assert seen and seen[1] == seen[1].lower(), r.message
+            assert seen[1].startswith(json_type.get(type(json.loads(sent[(r.partition, r.offset)])), "")), r.message
 
 
 def test_silver_holds_each_valid_event_once_with_its_typed_values(spark, pipeline_run):
