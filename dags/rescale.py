@@ -4,7 +4,8 @@
 Flink's stop-with-savepoint, then `run -s <savepoint> -p <new parallelism>`.
 Steps:
 
-1. **throughput_before**: median rows/s of the job's last micro-batches.
+1. **throughput_before**: median rows/s of the job's last micro-batches, read from
+   its progress log beside step 2 (it waits for nothing).
 2. **savepoint_and_stop**: savepoint at a micro-batch boundary, job stopped.
 3. **apply_settings**: the job spec gets the new resources: total executor
    cores (`spark.cores.max`), cores per executor, input splits
@@ -103,6 +104,5 @@ with DAG(
 
     measured = before()
     sp = savepoint_and_stop()
-    measured >> sp
     settings = apply_settings(savepoint=sp)
     record(settings=settings, savepoint=sp, before=measured) >> resume_job(sp, after="rescale")

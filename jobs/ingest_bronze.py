@@ -18,7 +18,7 @@ from streamlake import logs
 from streamlake.operations.control import JobControl
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.driver import describe_failure, platform_error
-from streamlake.pipeline.ingest import add_ingest_arguments, config_from_args, run_ingest
+from streamlake.pipeline.ingest import add_ingest_arguments, begin_warm_up, config_from_args, run_ingest
 from streamlake.spark.session import get_spark
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     spark = get_spark(f"ingest_bronze:{cfg.query_name}")
+    begin_warm_up(spark, cfg)  # the executors' Python starts while the driver sets up
     try:
         summary = run_ingest(spark, cfg, report=lambda line: print(line, flush=True))
     except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status

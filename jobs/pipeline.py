@@ -30,6 +30,7 @@ from streamlake.operations.control import JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
 from streamlake.pipeline.definition import check_rules
 from streamlake.pipeline.driver import describe_failure, platform_error, run_stages
+from streamlake.pipeline.ingest import begin_warm_up
 from streamlake.spark.session import get_spark
 
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(f"pipeline:{cfg.query_name}", remote=args.remote)
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
+        begin_warm_up(spark, cfg.bronze_config())  # the executors' Python starts while the driver sets up
         if cfg.definition is not None:
             check_rules(spark, cfg.definition)
         stages = cfg.build_stages()

@@ -191,6 +191,28 @@ def test_warm_up_starts_the_python_workers_once_per_session(spark):
     assert warm_up(spark) is None, "once per SparkContext"
 
 
+def test_a_warm_up_begun_in_the_background_is_awaited_by_the_query_not_repeated(spark, monkeypatch):
+    from streamlake.kafka import source
+
+    monkeypatch.setattr(source, "_warmed", set())  # as in a job's new session
+    monkeypatch.setattr(source, "_background", {})
+    source.warm_up_in_background(spark)
+    source.warm_up_in_background(spark)
+    assert len(source._background) == 1, "one warm-up per SparkContext"
+    awaited = warm_up(spark)
+    assert awaited["tasks"] == spark.sparkContext.defaultParallelism and awaited["workers"] >= 1
+    assert not source._background and warm_up(spark) is None
+
+    def broken(*_args):
+        raise RuntimeError("no executors")
+
+    monkeypatch.setattr(source, "_warmed", set())
+    monkeypatch.setattr(source, "_run_warm_up", broken)
+    source.warm_up_in_background(spark)
+    with pytest.raises(RuntimeError, match="no executors"):
+        warm_up(spark)  # what the background warm-up raised fails the query's start, as before
+
+
 def test_the_writer_flag_round_trips():
     import argparse
 

@@ -53,7 +53,8 @@ from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.offsets import Offsets, offsets_from_json, offsets_to_json
-from streamlake.kafka.source import FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register, warm_up
+from streamlake.kafka.source import (FORMAT, KafkaOffsetPlanner, KafkaSourceOptions, register, warm_up,
+                                     warm_up_in_background)
 from streamlake.storage.location import StorageOptions, normalize, parse_pairs, require_safe_commits, storage_options
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,15 @@ class IngestRun:
     query: object
     sink: DeltaKafkaSink
     cfg: IngestConfig
+
+
+def begin_warm_up(spark, cfg: IngestConfig) -> None:
+    """For a job's entrypoint, right after its session starts: begin the fast path's
+    Python-worker warm-up in the background (:func:`streamlake.kafka.source.warm_up_in_background`),
+    so the driver's set-up overlaps it; :func:`start_ingest` waits for it. Nothing when the
+    ingest will not take the fast path (Spark's writer, a Spark Connect session)."""
+    if cfg.writer == "source" and not is_connect(spark):
+        warm_up_in_background(spark)
 
 
 def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
