@@ -728,12 +728,13 @@ def test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_survives_a_lost_execu
     while not (state / "_checkpoints" / "silver" / "commits" / "2").exists() and job.poll() is None:
         assert time.monotonic() < deadline + 120, "silver committed no micro-batch in 360 s"
         time.sleep(0.2)
-    killed = kill_an_executor_running_a_task(cluster["work_dirs"][0], ui_port, job)
+    # Returns only once the driver's own record (its REST API) has a task of the killed executor
+    # failed with ExecutorLostFailure. Not the run's output: when the worker reports the exit
+    # before the driver misses the executor, Spark logs the loss ("exited unrelated to the running
+    # tasks") at INFO, below the driver's WARN (seen 2026-11-29).
+    kill_an_executor_running_a_task(cluster["work_dirs"][0], ui_port, job)
     _, out1 = finish(job, 400)
     assert job.returncode == 128 + 9, f"the run should have been SIGKILLed before silver's commit:\n{out1[-3000:]}"
-    lost = [line for line in out1.splitlines() if "ExecutorLostFailure" in line]
-    assert lost, f"a task of executor {killed} should have been lost with it:\n{out1[-3000:]}"
-    print("\n".join(lost[:3]))
     assert producer.running, "the kill should happen while records are still being produced"
     silver = f"{root}/silver"
     assert data_objects(s3, silver) - snapshot_objects(s3, silver), "the killed attempt had uploaded silver's files"
