@@ -12,8 +12,8 @@ Steps:
    (`minPartitions`: Kafka ranges split across tasks), `maxOffsetsPerTrigger`,
    the number of partitions of gold's aggregations, and the Spark connection
    to run on. Every later start of the job uses them.
-4. **record**: the rescale (settings before and after, savepoint, throughput
-   before) goes to the `operations` table.
+4. **record**, beside step 5: the rescale (settings before and after, savepoint,
+   throughput before) goes to the `operations` table.
 5. **resume**: the job starts from the savepoint with the new settings: a run
    of its `ingest_<pipeline>` DAG with id `rescaled__<this run's id>` (continuous if
    the job ran continuously, otherwise available-now: every stage catches up
@@ -105,4 +105,5 @@ with DAG(
     measured = before()
     sp = savepoint_and_stop()
     settings = apply_settings(savepoint=sp)
-    record(settings=settings, savepoint=sp, before=measured) >> resume_job(sp, after="rescale")
+    record(settings=settings, savepoint=sp, before=measured)
+    settings >> resume_job(sp, after="rescale")  # the job starts while the rescale is recorded

@@ -77,7 +77,7 @@ def test_restore_and_rescale_start_the_job_from_their_trigger_task(dagbag, dag_i
     (no task in between): continuous only if the job ran continuously when it was stopped."""
     dag = dagbag.dags[dag_id]
     resume = dag.get_task("resume")
-    assert resume.upstream_task_ids == {"verify_restored" if dag_id == "restore" else "record"}
+    assert resume.upstream_task_ids == {"verify_restored" if dag_id == "restore" else "apply_settings"}
     pulled = []
 
     class TaskInstance:
@@ -300,3 +300,31 @@ def test_a_job_on_a_store_runs_on_the_server_only_where_it_holds_that_jobs_stora
     assert verify.store_not_on_server(unnamed, {"storage_conn_id": "aws_default"}) is None
     local = JobSpec(name="j", root="/tmp/j", definition_file="pipelines/sensors.yaml")
     assert verify.store_not_on_server(local, {}) is None
+
+
+def test_rescale_throughput_measures_the_rescale_its_run_completes(tmp_path):
+    """The rescale DAG records a rescale while the job starts (beside ``resume``): the resumed
+    run (``rescaled__<rescale run id>``) measures that rescale, not merely the newest, and a
+    retry finds it once it is recorded."""
+    import json
+
+    from helpers import example
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.operations.records import record_operation
+    from streamlake.orchestration.tasks import measure_rescale
+
+    job = save_job(JobSpec(name=f"measure_{tmp_path.name}", root=str(tmp_path / "lake"),
+                           definition_file=str(example("sensors", tmp_path, "t"))))
+    progress = job.control.progress_file
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    rates = [100.0, 200.0, 300.0, 400.0]  # one bronze micro-batch each
+    progress.write_text("".join(json.dumps({"stage": "bronze", "numInputRows": 10, "processedRowsPerSecond": r})
+                                + "\n" for r in rates))
+    for run_id, mark in (("manual__a", 1), ("manual__b", 3)):
+        record_operation("rescale", job.name, {"settings": {"progress_mark": mark, "after": {}},
+                                               "throughput_before": {"rows_per_second": 1.0}, "run_id": run_id})
+    first = measure_rescale(job.name, "manual__a")
+    assert first["rescale_run_id"] == "manual__a" and first["throughput_after"]["rows_per_second"] == 300.0
+    assert measure_rescale(job.name)["rescale_run_id"] == "manual__b", "without a run id: the newest"
+    with pytest.raises(LookupError, match="manual__c"):
+        measure_rescale(job.name, "manual__c")

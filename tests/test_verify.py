@@ -196,6 +196,24 @@ def test_verify_fails_with_the_failed_check_named_when_gold_is_wrong(spark, job)
     assert len(recent_checks(50, job.name)) == checks
 
 
+def test_a_check_that_cannot_run_is_raised_after_the_checks_before_it_are_recorded(spark, job):
+    """The checks run side by side and are recorded in order (audit, accounting, gold per
+    aggregate): a gold table that is gone raises its error, and the audit and accounting
+    that ran beside it are still recorded, passing."""
+    import shutil
+
+    run_once(spark, job)
+    last = job.definition.aggregates[-1]
+    shutil.rmtree(job.table_path(last.gold_table))
+    with pytest.raises(FileNotFoundError, match=last.gold_table):
+        verify_job(spark, job, "gold-gone", quality=False)
+    recorded = [r for r in recent_checks(50, job.name) if r["operation"] == "gold-gone"]
+    recorded_tables = sorted((r["kind"], r["table_path"].rsplit("/lake/", 1)[-1]) for r in recorded)
+    assert recorded_tables == sorted([("kafka-audit", "bronze"), ("pipeline-accounting", "silver"),
+                                      *[("gold", a.gold_table) for a in job.definition.aggregates[:-1]]])
+    assert all(r["verdict"] == "PASS" for r in recorded), recorded
+
+
 def test_check_runs_on_a_spark_connect_server_and_finds_what_verify_finds(spark, produce, job, broker):
     """`streamlake check --remote`: a thin client of a Spark Connect server (no JVM of its own;
     here the test session's, Spark's SparkConnectPlugin) that records the same checks; a wrong

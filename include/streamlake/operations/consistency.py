@@ -123,8 +123,9 @@ def check_consistency(job: JobSpec, operation: str, *, expected_offsets: Offsets
 
     Incremental from the newest proof unless ``full`` (see the module docstring).
     Passes when the table is exactly once and, if ``expected_offsets`` is given,
-    its committed offsets are exactly those. A passing audit is recorded as a proof
-    (with ``record``). Raises what the audit raises when the check cannot run
+    its committed offsets are exactly those. With ``record`` the result is recorded
+    (:func:`record_check`: an exactly-once audit becomes a proof); without it the
+    caller records it. Raises what the audit raises when the check cannot run
     (Kafka down, table missing).
     """
     started = time.monotonic()
@@ -138,14 +139,20 @@ def check_consistency(job: JobSpec, operation: str, *, expected_offsets: Offsets
     result = CheckResult(f"chk-{uuid.uuid4().hex[:12]}", operation, job.name, passed, summary, report,
                          None if expected_offsets is None else not mismatch, report.mode,
                          base.version if base is not None and report.mode == "incremental" else None)
+    result.duration_s = round(time.monotonic() - started, 3)
     if record:
-        if report.exactly_once:
-            _record_proof(result, job)
-        result.duration_s = round(time.monotonic() - started, 3)
-        _record(result, job, expected_offsets, context)
-    else:
-        result.duration_s = round(time.monotonic() - started, 3)
+        record_check(result, job, expected_offsets, context)
     return result
+
+
+def record_check(result: CheckResult, job: JobSpec, expected_offsets: Offsets | None = None,
+                 context: Mapping | None = None) -> None:
+    """Record ``result`` of :func:`check_consistency` (made with ``record=False``) in
+    ``consistency_checks``, and as a proof the next incremental audit starts from when
+    the table was exactly once (whether or not the expected offsets matched)."""
+    if result.report.exactly_once:
+        _record_proof(result, job)
+    _record(result, job, expected_offsets, context)
 
 
 def require_consistent(job: JobSpec, operation: str, **kwargs) -> CheckResult:

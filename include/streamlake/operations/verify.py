@@ -90,36 +90,65 @@ def _verify(spark, job: JobSpec, operation: str, *, context: Mapping | None, exp
 
 def _run_checks(spark, job: JobSpec, operation: str, context: dict, expected_offsets: dict | None,
                 bronze_version: int | None) -> list[dict]:
-    """Run and record checks 1-3 of the module docstring; their results (not raised here)."""
-    from streamlake.kafka.offsets import offsets_from_json
-    from streamlake.operations.consistency import check_consistency, record_pipeline_check
-    from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
+    """Run and record checks 1-3 of the module docstring; their results (not raised here).
 
-    checks = []
-    audit = check_consistency(job, operation, version=bronze_version, context=context,
-                              expected_offsets=offsets_from_json(expected_offsets) if expected_offsets else None)
-    checks.append({"check_id": audit.check_id, "kind": "kafka-audit", "passed": audit.passed,
-                   "verdict": "PASS" if audit.passed else "FAIL", "summary": audit.summary})
+    The checks run side by side, then are recorded one after the other (audit, accounting,
+    gold per aggregate): the Kafka audit is Python (delta-rs and Kafka), the others are Spark
+    jobs the session runs at the same time, and none reads what another records (each starts
+    from the proofs before this verify). Small jobs leave a session's cores idle between
+    their stages, so together they take about the time of the longest, not the sum. An error
+    of a check (Kafka down, a table missing) is raised once the checks before it are recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamlake.kafka.offsets import offsets_from_json
+    from streamlake.operations.consistency import check_consistency, record_check, record_pipeline_check
+    from streamlake.operations.pipeline_checks import account_for_bronze
+
+    expected = offsets_from_json(expected_offsets) if expected_offsets else None
     tables = job.tables()
     definition = job.definition
     stages = job.run_stages
-    if "silver" in stages:
-        previous = _last_passing(job, "pipeline-accounting")
-        accounting = account_for_bronze(spark, tables, definition, previous.get("bronze_version") if previous else None)
-        checks.append(record_pipeline_check(job, operation, "pipeline-accounting", accounting.passed,
-                                            accounting.summary(), accounting.to_dict(), context))
-    if "gold" in stages:
-        for aggregate in definition.aggregates:
-            start = _changed_event_times(spark, job, aggregate, _last_passing(job, "gold", aggregate.name))
-            if start is False:
+    aggregates = definition.aggregates if "gold" in stages else []
+    checks = []
+    with ThreadPoolExecutor(max_workers=min(4, 2 + len(aggregates)), thread_name_prefix="verify") as pool:
+        audit = pool.submit(check_consistency, job, operation, version=bronze_version, context=context,
+                            expected_offsets=expected, record=False)
+        accounting = None
+        if "silver" in stages:
+            previous = _last_passing(job, "pipeline-accounting")
+            accounting = pool.submit(account_for_bronze, spark, tables, definition,
+                                     previous.get("bronze_version") if previous else None)
+        golds = [(aggregate, pool.submit(_check_gold_since_last, spark, job, aggregate)) for aggregate in aggregates]
+        result = audit.result()
+        record_check(result, job, expected, context)
+        checks.append({"check_id": result.check_id, "kind": "kafka-audit", "passed": result.passed,
+                       "verdict": "PASS" if result.passed else "FAIL", "summary": result.summary})
+        if accounting is not None:
+            report = accounting.result()
+            checks.append(record_pipeline_check(job, operation, "pipeline-accounting", report.passed,
+                                                report.summary(), report.to_dict(), context))
+        for aggregate, gold in golds:
+            report = gold.result()
+            if report is None:
                 continue
-            report = check_gold(spark, tables, definition, aggregate, start)
             details = {**report.to_dict(), "silver_version": report.silver_version}
             checks.append(record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
                                                 context, table_path=tables[aggregate.gold_table]))
     for check in checks:
         log.info("%s: %s", check["verdict"], check["summary"])
     return checks
+
+
+def _check_gold_since_last(spark, job: JobSpec, aggregate):
+    """:func:`~streamlake.operations.pipeline_checks.check_gold` of ``aggregate`` for the
+    event times its gold can have changed since its last passing check (None: nothing can
+    have changed, no check)."""
+    from streamlake.operations.pipeline_checks import check_gold
+
+    start = _changed_event_times(spark, job, aggregate, _last_passing(job, "gold", aggregate.name))
+    if start is False:
+        return None
+    return check_gold(spark, job.tables(), job.definition, aggregate, start)
 
 
 def _changed_event_times(spark, job: JobSpec, aggregate, previous: dict | None):

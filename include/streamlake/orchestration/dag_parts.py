@@ -48,6 +48,12 @@ def resumed_run_conf(state: dict, spark_conn_id: str, after: str) -> dict:
 OPERATION_MACROS = {"resumed_run_conf": resumed_run_conf}
 
 
+def resumed_run_prefix(after: str) -> str:
+    """The prefix of the id of the run that starts the job after the operation ``after``
+    (``restore`` or ``rescale``): ``restored__`` / ``rescaled__``, then the operation's run id."""
+    return f"{after}d__"
+
+
 def resume_job(state, after: str):
     """The task that starts the job again after the operation ``after`` (``restore`` or
     ``rescale``) stopped it and put its state or settings in place, as Flink's ``run -s``
@@ -66,7 +72,7 @@ def resume_job(state, after: str):
     return TriggerDagRunOperator(
         task_id="resume",
         trigger_dag_id=f"ingest_{{{{ {pulled}['job'] }}}}",
-        trigger_run_id=f"{after}d__{{{{ run_id }}}}",
+        trigger_run_id=resumed_run_prefix(after) + "{{ run_id }}",
         conf=f"{{{{ resumed_run_conf({pulled}, params.spark_conn_id, '{after}') }}}}",
         wait_for_completion=False,
         doc_md=f"Start the job after the {after}: a run of its ingest DAG (checks and quality after it).",

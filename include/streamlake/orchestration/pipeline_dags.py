@@ -175,11 +175,15 @@ it. Only one run at a time.
         @task.run_if(lambda context: (context["dag_run"].conf or {}).get(RESUMES_CONF_KEY) == "rescale",
                      skip_message="not resuming a rescale")
         @task(task_id="rescale_throughput")
-        def rescale_throughput() -> dict:
-            """After a rescale: rows/s on the new resources, recorded next to the throughput before."""
+        def rescale_throughput(run_id: str) -> dict:
+            """After a rescale: rows/s on the new resources, recorded next to the throughput before
+            (of the rescale whose run started this one, ``rescaled__<its run id>``, when it did)."""
             from streamlake.orchestration.tasks import measure_rescale
 
-            return measure_rescale(job.name)
+            from streamlake.orchestration.dag_parts import resumed_run_prefix
+
+            prefix = resumed_run_prefix("rescale")
+            return measure_rescale(job.name, run_id.removeprefix(prefix) if run_id.startswith(prefix) else None)
 
         choose_mode() >> [ingest, supervise()] >> verify >> [quality, rescale_throughput()]
     return dag

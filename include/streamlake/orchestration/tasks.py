@@ -145,20 +145,26 @@ def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict)
     return details
 
 
-def measure_rescale(job_name: str) -> dict:
-    """The throughput after the job's latest rescale: median rows/s of the micro-batches run
-    since the rescale applied its settings, recorded (``rescale-throughput``) next to the
-    throughput before. Raises LookupError when the job was never rescaled."""
+def measure_rescale(job_name: str, rescale_run_id: str | None = None) -> dict:
+    """The throughput after a rescale of the job (the one the ``rescale`` DAG run
+    ``rescale_run_id`` recorded, else the latest): median rows/s of the micro-batches run
+    since it applied its settings, recorded (``rescale-throughput``) next to the throughput
+    before. Raises LookupError when there is no such rescale (yet: the rescale DAG records it
+    while the job starts, so a retry finds it)."""
     import json
 
     from streamlake.operations.records import record_operation, recent_operations
 
-    rescales = [r for r in recent_operations(1000, job_name) if r["operation"] == "rescale"]
+    rescales = [(r["operation_id"], json.loads(r["details"])) for r in recent_operations(1000, job_name)
+                if r["operation"] == "rescale"]
+    if rescale_run_id is not None:
+        rescales = [(op_id, r) for op_id, r in rescales if r.get("run_id") == rescale_run_id]
     if not rescales:
-        raise LookupError(f"job {job_name} has no rescale to measure")
-    rescale = json.loads(rescales[0]["details"])
+        raise LookupError(f"job {job_name} has no rescale to measure"
+                          + (f" recorded by the rescale run {rescale_run_id}" if rescale_run_id else ""))
+    operation_id, rescale = rescales[0]
     after = throughput(job_name, start_line=rescale["settings"]["progress_mark"])
-    details = {"rescale": rescales[0]["operation_id"], "rescale_run_id": rescale.get("run_id"),
+    details = {"rescale": operation_id, "rescale_run_id": rescale.get("run_id"),
                "settings": rescale["settings"], "throughput_before": rescale["throughput_before"],
                "throughput_after": after, **run_context()}
     record_operation("rescale-throughput", job_name, details)
