@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
     for check in summary["checks"]:
-        print(f"{check['verdict']} {check['kind']}: {check['summary']}", flush=True)
+        print(f"{check['verdict']} {check['kind']} in {check['seconds']} s: {check['summary']}", flush=True)
     for q in summary.get("quality", []):
         print(f"quality {q['table']} {q['versions']}: {q['status']} ({q['rows']} rows)", flush=True)
     return 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import time
 from typing import Mapping
 
 from streamlake.operations.jobs import JobSpec
@@ -111,32 +112,42 @@ def _run_checks(spark, job: JobSpec, operation: str, context: dict, expected_off
     aggregates = definition.aggregates if "gold" in stages else []
     checks = []
     with ThreadPoolExecutor(max_workers=min(4, 2 + len(aggregates)), thread_name_prefix="verify") as pool:
-        audit = pool.submit(check_consistency, job, operation, version=bronze_version, context=context,
+        audit = pool.submit(_timed, check_consistency, job, operation, version=bronze_version, context=context,
                             expected_offsets=expected, record=False)
         accounting = None
         if "silver" in stages:
             previous = _last_passing(job, "pipeline-accounting")
-            accounting = pool.submit(account_for_bronze, spark, tables, definition,
+            accounting = pool.submit(_timed, account_for_bronze, spark, tables, definition,
                                      previous.get("bronze_version") if previous else None)
-        golds = [(aggregate, pool.submit(_check_gold_since_last, spark, job, aggregate)) for aggregate in aggregates]
-        result = audit.result()
+        golds = [(aggregate, pool.submit(_timed, _check_gold_since_last, spark, job, aggregate))
+                 for aggregate in aggregates]
+        result, seconds = audit.result()
         record_check(result, job, expected, context)
         checks.append({"check_id": result.check_id, "kind": "kafka-audit", "passed": result.passed,
-                       "verdict": "PASS" if result.passed else "FAIL", "summary": result.summary})
+                       "verdict": "PASS" if result.passed else "FAIL", "summary": result.summary, "seconds": seconds})
         if accounting is not None:
-            report = accounting.result()
-            checks.append(record_pipeline_check(job, operation, "pipeline-accounting", report.passed,
-                                                report.summary(), report.to_dict(), context))
+            report, seconds = accounting.result()
+            checks.append({**record_pipeline_check(job, operation, "pipeline-accounting", report.passed,
+                                                   report.summary(), {**report.to_dict(), "duration_s": seconds},
+                                                   context), "seconds": seconds})
         for aggregate, gold in golds:
-            report = gold.result()
+            report, seconds = gold.result()
             if report is None:
                 continue
-            details = {**report.to_dict(), "silver_version": report.silver_version}
-            checks.append(record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
-                                                context, table_path=tables[aggregate.gold_table]))
+            details = {**report.to_dict(), "silver_version": report.silver_version, "duration_s": seconds}
+            checks.append({**record_pipeline_check(job, operation, "gold", report.passed, report.summary(), details,
+                                                   context, table_path=tables[aggregate.gold_table]),
+                           "seconds": seconds})
     for check in checks:
-        log.info("%s: %s", check["verdict"], check["summary"])
+        log.info("%s in %.1f s: %s", check["verdict"], check["seconds"], check["summary"])
     return checks
+
+
+def _timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), its wall seconds)``: each check's own time, as the checks overlap."""
+    started = time.monotonic()
+    result = fn(*args, **kwargs)
+    return result, round(time.monotonic() - started, 2)
 
 
 def _check_gold_since_last(spark, job: JobSpec, aggregate):
