@@ -178,9 +178,8 @@ it. Only one run at a time.
         def rescale_throughput(run_id: str) -> dict:
             """After a rescale: rows/s on the new resources, recorded next to the throughput before
             (of the rescale whose run started this one, ``rescaled__<its run id>``, when it did)."""
-            from streamlake.orchestration.tasks import measure_rescale
-
             from streamlake.orchestration.dag_parts import resumed_run_prefix
+            from streamlake.orchestration.tasks import measure_rescale
 
             prefix = resumed_run_prefix("rescale")
             return measure_rescale(job.name, run_id.removeprefix(prefix) if run_id.startswith(prefix) else None)
