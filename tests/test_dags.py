@@ -304,9 +304,10 @@ def test_a_job_on_a_store_runs_on_the_server_only_where_it_holds_that_jobs_stora
 
 def test_rescale_throughput_measures_the_rescale_its_run_completes(tmp_path):
     """The rescale DAG records a rescale while the job starts (beside ``resume``): the resumed
-    run (``rescaled__<rescale run id>``) measures that rescale, not merely the newest, and a
-    retry finds it once it is recorded."""
+    run (``rescaled__<rescale run id>``) measures that rescale, not merely the newest, and
+    waits for its record when it comes late."""
     import json
+    import threading
 
     from helpers import example
     from streamlake.operations.jobs import JobSpec, save_job
@@ -328,3 +329,12 @@ def test_rescale_throughput_measures_the_rescale_its_run_completes(tmp_path):
     assert measure_rescale(job.name)["rescale_run_id"] == "manual__b", "without a run id: the newest"
     with pytest.raises(LookupError, match="manual__c"):
         measure_rescale(job.name, "manual__c")
+    # recorded while the resumed run already measures: found once it is there
+    late = threading.Timer(1.5, record_operation, ("rescale", job.name, {
+        "settings": {"progress_mark": 2, "after": {}}, "throughput_before": {"rows_per_second": 1.0},
+        "run_id": "manual__d"}))
+    late.start()
+    try:
+        assert measure_rescale(job.name, "manual__d", wait_s=60)["throughput_after"]["rows_per_second"] == 350.0
+    finally:
+        late.join()

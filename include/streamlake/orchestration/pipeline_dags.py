@@ -182,7 +182,9 @@ it. Only one run at a time.
             from streamlake.orchestration.tasks import measure_rescale
 
             prefix = resumed_run_prefix("rescale")
-            return measure_rescale(job.name, run_id.removeprefix(prefix) if run_id.startswith(prefix) else None)
+            if run_id.startswith(prefix):  # its rescale is recorded while this run starts: wait for it a while
+                return measure_rescale(job.name, run_id.removeprefix(prefix), wait_s=120)
+            return measure_rescale(job.name)
 
         choose_mode() >> [ingest, supervise()] >> verify >> [quality, rescale_throughput()]
     return dag

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 
 log = logging.getLogger(__name__)
 
@@ -145,20 +146,26 @@ def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict)
     return details
 
 
-def measure_rescale(job_name: str, rescale_run_id: str | None = None) -> dict:
+def measure_rescale(job_name: str, rescale_run_id: str | None = None, wait_s: float = 0.0) -> dict:
     """The throughput after a rescale of the job (the one the ``rescale`` DAG run
     ``rescale_run_id`` recorded, else the latest): median rows/s of the micro-batches run
     since it applied its settings, recorded (``rescale-throughput``) next to the throughput
-    before. Raises LookupError when there is no such rescale (yet: the rescale DAG records it
-    while the job starts, so a retry finds it)."""
+    before. The rescale DAG records the rescale while the job starts, so its record can
+    come after this run's start: it is looked for again every second for up to ``wait_s``.
+    Raises LookupError when there is no such rescale by then."""
     import json
 
     from streamlake.operations.records import record_operation, recent_operations
 
-    rescales = [(r["operation_id"], json.loads(r["details"])) for r in recent_operations(1000, job_name)
-                if r["operation"] == "rescale"]
-    if rescale_run_id is not None:
-        rescales = [(op_id, r) for op_id, r in rescales if r.get("run_id") == rescale_run_id]
+    deadline = time.monotonic() + wait_s
+    while True:
+        rescales = [(r["operation_id"], json.loads(r["details"])) for r in recent_operations(1000, job_name)
+                    if r["operation"] == "rescale"]
+        if rescale_run_id is not None:
+            rescales = [(op_id, r) for op_id, r in rescales if r.get("run_id") == rescale_run_id]
+        if rescales or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
     if not rescales:
         raise LookupError(f"job {job_name} has no rescale to measure"
                           + (f" recorded by the rescale run {rescale_run_id}" if rescale_run_id else ""))
