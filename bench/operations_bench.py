@@ -20,8 +20,9 @@
    Connect / spark-submit, of the verify task and of trigger to proven. "Idle" means the
    producers are stopped; Airflow, the Spark cluster and the Connect server still run.
 4. Soak, first (under the demo's load): the demo pipeline in continuous mode for 5
-   minutes (``--soak-seconds``), then stopped with a savepoint; lag as each bronze micro-batch reports it must stay below two
-   micro-batches' worth of records (the test suite checks 30 seconds of it).
+   minutes (``--soak-seconds``), then stopped with a savepoint; lag as each bronze
+   micro-batch reports it must stay below two micro-batches' worth of records (the test
+   suite checks 30 seconds of it).
 
 Targets (issue 24): savepoint proven <= 10 s under load; restore and rescale <= 30 s to
 the resumed job's first proven batch (the median of the samples under load).
@@ -191,8 +192,9 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, max(4.8, 1.2 + 0.3 * len(result["rows"]))), gridspec_kw={"width_ratios": [1.3, 1]})
     rows = result["rows"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, max(4.8, 1.2 + 0.3 * len(rows))),
+                                 gridspec_kw={"width_ratios": [1.3, 1]})
     labels = [f"{r['operation']} · {r['condition']} #{r.get('sample', 1)} · {r['checks_on']}" for r in rows]
     left = [0.0] * len(rows)
     for part, color in zip(PARTS, ("#8172b2", "#dd8452", "#4c72b0", "#bbbbbb")):
