@@ -35,8 +35,9 @@ import pyarrow as pa
 
 from streamlake.delta.table import TableSpec
 from streamlake.pipeline.definition import Aggregate, Measure, PipelineDefinition
-from streamlake.pipeline.types import TS, FieldType
+from streamlake.pipeline.types import FieldType
 
+TS = pa.timestamp("us", tz="UTC")
 LINEAGE = [("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64())]
 EVENTS_COLUMN = "_events"
 WINDOW_TYPE = pa.struct([("start", TS), ("end", TS)])

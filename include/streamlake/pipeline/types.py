@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from streamlake.errors import InvalidOptionError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SIMPLE_TYPES = ("string", "boolean", "int", "bigint", "double", "date", "timestamp")
 KNOWN_TYPES = "string, boolean, int, bigint, double, decimal(p,s), date, timestamp"
@@ -23,7 +25,6 @@ _DECIMAL = re.compile(r"^decimal\s*\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 MAX_PRECISION = 38
 # Sums are exact decimals: a double is summed at this scale (rounded half-up), as gold did before.
 DOUBLE_SUM_SCALE = 9
-TS = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,13 @@ class FieldType:
 
     @property
     def arrow(self) -> pa.DataType:
+        # pyarrow on first use, not at import: a definition is parsed where Arrow is never
+        # needed (every task of a pipeline's DAGs parses its DAG file, the DAG processor)
+        import pyarrow as pa
+
         return {
             "string": pa.string(), "boolean": pa.bool_(), "int": pa.int32(), "bigint": pa.int64(),
-            "double": pa.float64(), "date": pa.date32(), "timestamp": TS,
+            "double": pa.float64(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
         }.get(self.kind) or pa.decimal128(self.precision, self.scale)
 
     @property
