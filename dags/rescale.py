@@ -1,46 +1,51 @@
 """
 ### rescale: change a job's parallelism without changing its results
 
-Flink's stop-with-savepoint, then `run -s <savepoint> -p <new parallelism>`.
-Steps:
+Flink's stop-with-savepoint, then `run -s <savepoint> -p <new parallelism>`, with the new
+run started beside the stop, as a blue-green deployment starts the new version beside the
+old. Steps:
 
-1. **throughput_before**: median rows/s of the job's last micro-batches, read from
-   its progress log beside step 2 (it waits for nothing).
-2. **savepoint_and_stop**: savepoint at a micro-batch boundary, job stopped.
-3. **apply_settings**: the job spec gets the new resources: total executor
-   cores (`spark.cores.max`), cores per executor, input splits
-   (`minPartitions`: Kafka ranges split across tasks), `maxOffsetsPerTrigger`,
-   the number of partitions of gold's aggregations, and the Spark connection
-   to run on. Every later start of the job uses them.
-4. **record**, beside step 5: the rescale (settings before and after, savepoint,
-   throughput before) goes to the `operations` table.
-5. **resume**: the job starts from the savepoint with the new settings: a run
-   of its `ingest_<pipeline>` DAG with id `rescaled__<this run's id>` (continuous if
-   the job ran continuously, otherwise available-now: every stage catches up
-   on what arrived meanwhile). That run's **verify** proves the rescale lost
-   and duplicated nothing (bronze against Kafka across the savepoint, every
-   bronze row once downstream, gold equal to a recompute from silver, data
-   quality of the new rows; recorded under the operation `rescale`), and its
-   **rescale_throughput** records the rows/s on the new resources next to the
-   throughput before. As with Flink, the rescale is done when the job is
-   started on its new resources; the catch-up is the job's own run, next to
-   it in the UI.
+1. **resume**, first: the job's next run, a run of its `ingest_<pipeline>` DAG with id
+   `rescaled__<this run's id>` (continuous if the job runs continuously now, otherwise
+   available-now: every stage catches up on what arrived meanwhile), on the new settings.
+   Its driver starts its JVM and Spark session on the new resources while steps 2-3 run,
+   then waits for this run to hand the stopped job over before it touches a table. A job
+   running now is handed over when it has stopped: a run already in progress ends first.
+2. **throughput_before**, beside it: median rows/s of the job's last micro-batches, read
+   from its progress log (it waits for nothing).
+3. **savepoint_and_stop**, once the run of step 1 exists (its mode is the job's before the
+   stop): savepoint at a micro-batch boundary, job stopped.
+4. **apply_settings**: the job spec gets the new resources: total executor cores
+   (`spark.cores.max`), cores per executor, input splits (`minPartitions`: Kafka ranges
+   split across tasks), `maxOffsetsPerTrigger`, the number of partitions of gold's
+   aggregations, and the Spark connection to run on; every later start of the job uses
+   them. Then it **hands the job over** to the run of step 1. If step 3 or 4 fails for good,
+   that run is told at once and ends without starting the job.
+5. **record**, beside the run: the rescale (settings before and after, savepoint, throughput before) goes
+   to the `operations` table.
 
-No stage keeps its state in Spark: bronze's is its offsets, silver's its
-position and its own table, each aggregate's its gold table and watermark
-(Delta `txn`). Spark 4.2 cannot change a stateful checkpoint's state
-partitions, but there is no such state here, so gold's parallelism can change
-and the results stay identical (sums are exact decimals).
+The run of step 1 completes the rescale: its **verify** proves the rescale lost and
+duplicated nothing (bronze against Kafka across the savepoint, every bronze row once
+downstream, gold equal to a recompute from silver, data quality of the new rows; recorded
+under the operation `rescale`), and its **rescale_throughput** records the rows/s on the new
+resources next to the throughput before. As with Flink, the rescale is done when the job is
+started on its new resources; the catch-up is the job's own run, next to it in the UI.
 
-Works on `local[*]` and on the standalone cluster (`streamlake spark start`,
-connection `spark_cluster`), e.g. from one worker's cores to two.
+No stage keeps its state in Spark: bronze's is its offsets, silver's its position and its
+own table, each aggregate's its gold table and watermark (Delta `txn`). Spark 4.2 cannot
+change a stateful checkpoint's state partitions, but there is no such state here, so gold's
+parallelism can change and the results stay identical (sums are exact decimals).
+
+Works on `local[*]` and on the standalone cluster (`streamlake spark start`, connection
+`spark_cluster`), e.g. from one worker's cores to two.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, OPERATION_MACROS, job_param, resume_job
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, OPERATION_MACROS, job_param, resume_job_before_stop
+from streamlake.orchestration.tasks import refuse_handover
 
 with DAG(
     dag_id="rescale",
@@ -78,22 +83,24 @@ with DAG(
 
         return throughput(params["job"])
 
-    @task(task_id="savepoint_and_stop")
+    @task(task_id="savepoint_and_stop", on_failure_callback=refuse_handover)
     def savepoint_and_stop(params: dict) -> dict:
         """Stop-with-savepoint at a micro-batch boundary."""
         from streamlake.orchestration.tasks import take_savepoint
 
         return take_savepoint(params["job"], stop=True, note="rescale")
 
-    @task(task_id="apply_settings")
-    def apply_settings(params: dict, savepoint: dict) -> dict:
-        """Write the new resources into the job spec (every later start uses them)."""
-        from streamlake.orchestration.tasks import apply_rescale, progress_mark
+    @task(task_id="apply_settings", on_failure_callback=refuse_handover)
+    def apply_settings(params: dict, savepoint: dict, run_id: str) -> dict:
+        """Write the new resources into the job spec (every later start uses them), then hand the
+        stopped job over to the run `resume` started."""
+        from streamlake.orchestration.dag_parts import rescale_settings
+        from streamlake.orchestration.tasks import apply_rescale, hand_over, progress_mark
 
-        settings = apply_rescale(params["job"], params["spark_conn_id"], params["total_executor_cores"],
-                                 params["executor_cores"], params["min_partitions"], params["max_offsets_per_trigger"],
-                                 params.get("gold_partitions"))
-        return {**settings, "progress_mark": progress_mark(params["job"])}
+        settings = apply_rescale(params["job"], rescale_settings(params))
+        settings["progress_mark"] = progress_mark(params["job"])  # before the resumed run writes progress
+        hand_over(params["job"], run_id, savepoint=savepoint["id"], settings=settings["after"])
+        return settings
 
     @task(task_id="record")
     def record(params: dict, settings: dict, savepoint: dict, before: dict) -> dict:
@@ -102,8 +109,9 @@ with DAG(
 
         return record_rescale(params["job"], settings, savepoint, before)
 
+    resume = resume_job_before_stop(after="rescale")  # the job's run starts first and waits for the handover
     measured = before()
     sp = savepoint_and_stop()
+    resume >> sp  # the run's mode is read from the job before the stop
     settings = apply_settings(savepoint=sp)
     record(settings=settings, savepoint=sp, before=measured)
-    settings >> resume_job(sp, after="rescale")  # the job starts while the rescale is recorded

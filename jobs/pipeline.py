@@ -11,11 +11,16 @@ process of the server's, on the server's machine, which must see the root (the
 platform's server runs beside it). A continuous run owns its JVM (its resources,
 rescaling, the supervisor), so it has no ``--remote``.
 
+A run a rescale starts before it stops the job gets ``--await-handover <the
+rescale's run id>``: it starts its session (and the executors' Python workers),
+then waits for the rescale to hand the stopped job over before it reads or
+writes a table (:meth:`streamlake.operations.control.JobControl.await_handover`).
+
 Usually started by ``streamlake pipeline run``, a named job (``streamlake job
 run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
 a platform error (bad option or definition, a definition change that would make
 existing tables wrong, unknown topic, data loss, offset or position gap, change
-commit upstream), 1 for anything else.
+commit upstream, a handover refused or not given in time), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -33,12 +38,21 @@ from streamlake.pipeline.driver import describe_failure, platform_error, run_sta
 from streamlake.pipeline.ingest import begin_warm_up
 from streamlake.spark.session import get_spark
 
+# How long a run a rescale started waits for the rescale's handover: its savepoint may wait up to
+# 180 s for the job and be retried once after 30 s (the rescale DAG), which then refuses the
+# handover when it fails; this only bounds a rescale that neither hands over nor fails.
+HANDOVER_TIMEOUT_S = 900.0
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n")[0])
     add_pipeline_arguments(parser)
     parser.add_argument("--remote", help="sc://host:port: an available-now run on this Spark Connect server "
                                           "(no JVM of its own)")
+    parser.add_argument("--await-handover", metavar="OPERATION",
+                        help="start the session, then wait until the operation of this id (a rescale's run id) "
+                             "hands the stopped job over, before touching any table; exit status 2 if it fails "
+                             f"or does not within {HANDOVER_TIMEOUT_S:g} s")
     args = parser.parse_args(argv)
     logs.configure()
     try:
@@ -56,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         begin_warm_up(spark, cfg.bronze_config())  # the executors' Python starts while the driver sets up
         if cfg.definition is not None:
             check_rules(spark, cfg.definition)
+        if args.await_handover:  # started while the operation stops the job: nothing is read or written before
+            waiting = time.monotonic()
+            control.await_handover(args.await_handover, HANDOVER_TIMEOUT_S, report=lambda line: print(line, flush=True))
+            print(f"pipeline: {args.await_handover} handed the job over (waited {time.monotonic() - waiting:.1f} s)",
+                  flush=True)
         stages = cfg.build_stages()
     except StreamLakeError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)

@@ -255,3 +255,95 @@ def test_savepoint_of_an_available_now_run_succeeds_whether_it_pauses_or_finishe
     assert not job.control.pause_requested() and not job.control.is_running()
     assert outcome["summary"]["rows"] == records and not outcome["summary"]["stopped"]
     assert_exactly_once({"table": job.table}, topic_name, expected_rows=records)
+
+
+# -- the handover: a run started before the stop waits for the operation ------------------------
+
+
+def test_a_handover_is_awaited_and_a_refusal_or_silence_ends_the_wait(control):
+    """A rescale starts the job's run before it stops the job; the run's driver waits for the
+    rescale's handover (JobControl.await_handover), and ends at once when the rescale refuses
+    it (it failed), or after its timeout when nothing comes."""
+    from streamlake.operations.control import HandoverRefused
+
+    timer = threading.Timer(0.5, control.hand_over, ("manual__a",), {"savepoint": "sp-1"})
+    timer.start()
+    started = time.monotonic()
+    lines: list[str] = []
+    handed = control.await_handover("manual__a", timeout_s=30, poll_s=0.05, report=lines.append)
+    assert handed["handed_over"] and handed["savepoint"] == "sp-1"
+    assert 0.4 < time.monotonic() - started < 10 and lines and "manual__a" in lines[0]
+    control.refuse_handover("manual__b", "its task savepoint_and_stop failed: TimeoutError")
+    with pytest.raises(HandoverRefused, match="savepoint_and_stop failed"):
+        control.await_handover("manual__b", timeout_s=30)
+    started = time.monotonic()
+    with pytest.raises(HandoverRefused, match="within 0.3 s"):
+        control.await_handover("manual__c", timeout_s=0.3, poll_s=0.05)
+    assert time.monotonic() - started < 5
+    # Ids are Airflow run ids ("manual__2026-...+00:00"): one file each, never a path outside.
+    assert control.handover_file("manual__2026-12-04T16:06:39+00:00/x").parent == control.dir / "handovers"
+
+
+def test_the_rescale_refuses_the_handover_when_its_task_fails(tmp_path, monkeypatch):
+    """The rescale DAG's on_failure_callback (tasks.refuse_handover) names the failed task and
+    its error in the refusal the waiting run reports."""
+    from streamlake.operations.control import HandoverRefused
+    from streamlake.operations.jobs import JobSpec, load_job, save_job
+    from streamlake.orchestration.tasks import refuse_handover
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="handover-job", topics=["t"], root=str(tmp_path / "root"), stages=["bronze"]))
+
+    class TaskInstance:
+        task_id = "savepoint_and_stop"
+
+    refuse_handover({"params": {"job": "handover-job"}, "run_id": "manual__9", "task_instance": TaskInstance(),
+                     "exception": TimeoutError("the job did not reach a micro-batch boundary within 180s")})
+    with pytest.raises(HandoverRefused, match="savepoint_and_stop failed: the job did not reach"):
+        load_job("handover-job").control.await_handover("manual__9", timeout_s=5)
+
+
+@pytest.mark.parametrize("outcome", ["handed over", "refused"])
+def test_a_run_started_before_the_stop_touches_nothing_until_the_handover(spark, produce, topic_name, tmp_path,
+                                                                         outcome):
+    """The run a rescale starts while it stops the job (jobs/pipeline.py --await-handover, here
+    on the test session's Spark Connect server): its driver has its session, but writes no
+    table and holds no job lock until the operation hands the job over; then it runs, exactly
+    once. Refused (the rescale failed), it ends with exit status 2 and the reason, having
+    written nothing."""
+    import subprocess
+    import sys
+
+    from conftest import SPARK_CONNECT_PORT
+    from helpers import assert_exactly_once
+    from streamlake.config import project_root
+
+    produce(topic_name, 300, partitions=2, seed=5)
+    root = tmp_path / "job"
+    proc = subprocess.Popen([sys.executable, str(project_root() / "jobs" / "pipeline.py"), "--topic", topic_name,
+                             "--root", str(root), "--available-now", "--remote", f"sc://127.0.0.1:{SPARK_CONNECT_PORT}",
+                             "--await-handover", "manual__r1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not any("waiting for manual__r1" in line for line in lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.1)
+    time.sleep(1.0)  # and still waiting a while later, having touched nothing
+    control = JobControl(root / "_control")
+    assert proc.poll() is None and not control.is_running(), "".join(lines)[-3000:]
+    assert not (root / "bronze").exists()
+    if outcome == "handed over":
+        control.hand_over("manual__r1", savepoint="sp-test")
+        assert proc.wait(120) == 0, "".join(lines)[-3000:]
+        reader.join(10)
+        assert any("manual__r1 handed the job over" in line for line in lines)
+        assert_exactly_once({"table": str(root / "bronze")}, topic_name, expected_rows=300)
+    else:
+        control.refuse_handover("manual__r1", "its task savepoint_and_stop failed: TimeoutError")
+        assert proc.wait(60) == 2, "".join(lines)[-3000:]
+        reader.join(10)
+        assert "savepoint_and_stop failed" in "".join(lines)
+        assert not (root / "bronze").exists()

@@ -65,19 +65,17 @@ def test_every_trigger_form_can_be_submitted_with_its_defaults(dagbag, dag_id):
     assert "resumes" not in dag.params, "set by restore/rescale through conf, not a person's field"
 
 
-@pytest.mark.parametrize("dag_id,state_task,mode,was_running,resumed", [
-    ("restore", "restore", "continuous", True, "continuous"),
-    ("restore", "restore", "continuous", False, "scheduled"),
-    ("rescale", "savepoint_and_stop", "available-now", True, "scheduled"),
-    ("rescale", "savepoint_and_stop", "continuous", True, "continuous"),
+@pytest.mark.parametrize("mode,was_running,resumed", [
+    ("continuous", True, "continuous"),
+    ("continuous", False, "scheduled"),
 ])
-def test_restore_and_rescale_start_the_job_from_their_trigger_task(dagbag, dag_id, state_task, mode, was_running,
-                                                                   resumed):
-    """The resume task renders the resumed run's DAG, id and conf from the operation's own XCom
-    (no task in between): continuous only if the job ran continuously when it was stopped."""
-    dag = dagbag.dags[dag_id]
+def test_restore_starts_the_job_from_its_trigger_task(dagbag, mode, was_running, resumed):
+    """The restore's resume task renders the resumed run's DAG, id and conf from the
+    operation's own XCom (no task in between): continuous only if the job ran continuously
+    when it was stopped."""
+    dag = dagbag.dags["restore"]
     resume = dag.get_task("resume")
-    assert resume.upstream_task_ids == {"verify_restored" if dag_id == "restore" else "apply_settings"}
+    assert resume.upstream_task_ids == {"verify_restored"}
     pulled = []
 
     class TaskInstance:
@@ -89,10 +87,101 @@ def test_restore_and_rescale_start_the_job_from_their_trigger_task(dagbag, dag_i
     context = {"ti": TaskInstance(), "params": {"spark_conn_id": "spark_cluster"}, "run_id": "manual__1"}
     render = lambda field: env.from_string(getattr(resume, field)).render(**context)  # noqa: E731
     assert render("conf") == {"job": "orders", "mode": resumed, "spark_conn_id": "spark_cluster",
-                              "resumes": dag_id}
+                              "resumes": "restore"}
     assert render("trigger_dag_id") == "ingest_orders"
-    assert render("trigger_run_id") == f"{dag_id}d__manual__1"
-    assert set(pulled) == {state_task}
+    assert render("trigger_run_id") == "restored__manual__1"
+    assert set(pulled) == {"restore"}
+
+
+@pytest.mark.parametrize("mode,was_running,resumed", [
+    ("available-now", True, "scheduled"),
+    ("continuous", True, "continuous"),
+    ("continuous", False, "scheduled"),
+])
+def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, monkeypatch, mode, was_running,
+                                                              resumed):
+    """The rescale starts the job's run before anything else (its driver starts while the
+    savepoint is taken): continuous if the job runs continuously at the trigger, on the form's
+    settings, waiting for this rescale's handover; the savepoint follows that task, and every
+    task before the handover refuses it when it fails for good."""
+    import threading
+
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.orchestration.tasks import refuse_handover
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    job = save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                           root=str(tmp_path / "orders")))
+    job.control.write_state(mode=mode)
+    dag = dagbag.dags["rescale"]
+    resume = dag.get_task("resume")
+    assert resume.upstream_task_ids == set()
+    assert dag.get_task("savepoint_and_stop").upstream_task_ids == {"resume"}
+    for task_id in ("savepoint_and_stop", "apply_settings"):
+        assert refuse_handover in dag.get_task(task_id).on_failure_callback
+    params = {"job": "orders", "spark_conn_id": "spark_cluster", "total_executor_cores": 2, "executor_cores": 1,
+              "min_partitions": None, "max_offsets_per_trigger": None, "gold_partitions": 4}
+    env = dag.get_template_env()
+    render = lambda field: env.from_string(getattr(resume, field)).render(params=params,  # noqa: E731
+                                                                          run_id="manual__1")
+    held, release = threading.Event(), threading.Event()
+    if was_running:  # a driver holds the job lock while this renders
+        def driver():
+            with job.control.running():
+                held.set()
+                release.wait(30)
+        threading.Thread(target=driver, daemon=True).start()
+        assert held.wait(10)
+    try:
+        conf = render("conf")
+    finally:
+        release.set()
+    settings = {k: v for k, v in params.items() if k != "job"}
+    assert conf == {"job": "orders", "mode": resumed, "spark_conn_id": "spark_cluster", "resumes": "rescale",
+                    "settings": settings, "handover": "manual__1"}
+    assert render("trigger_dag_id") == "ingest_orders"
+    assert render("trigger_run_id") == "rescaled__manual__1"
+
+
+def test_the_ingest_run_takes_a_rescale_settings_and_handover_from_its_conf(dagbag, tmp_path, monkeypatch):
+    """The run a rescale started: its available-now task runs the job on the conf's settings
+    (not yet in the spec) and its driver waits for the rescale's handover."""
+    from streamlake.operations.jobs import JobSpec, save_job
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                     root=str(tmp_path / "orders"), total_executor_cores=1))
+    task = dagbag.dags["ingest_orders"].get_task("ingest_available_now")
+    env = dagbag.dags["ingest_orders"].get_template_env()
+    conf = {"resumes": "rescale", "handover": "manual__1",
+            "settings": {"spark_conn_id": "spark_cluster", "total_executor_cores": 2, "executor_cores": 1,
+                         "min_partitions": 4, "max_offsets_per_trigger": None, "gold_partitions": None}}
+
+    class DagRun:
+        def __init__(self, conf):
+            self.conf = conf
+
+    templates = {field: getattr(task, field) for field in ("settings", "handover")}
+    try:
+        for conf_of_run, cores, waits in ((conf, 2, True), ({}, 1, False)):  # a rescale's run; a scheduled one
+            for field, template in templates.items():
+                setattr(task, field, env.from_string(template).render(dag_run=DagRun(conf_of_run)))
+            task._resumed_job = None  # a new task run (Airflow runs each on a fresh copy of the operator)
+            job = task.job_spec()
+            args = task.job_arguments(job)
+            assert job.total_executor_cores == cores and ("--await-handover" in args) == waits, (conf_of_run, args)
+            if waits:
+                assert job.executor_cores == 1 and job.min_partitions == 4 and "--min-partitions" in args
+                assert args[-2:] == ["--await-handover", "manual__1"]
+    finally:
+        task._resumed_job = None
+        for field, template in templates.items():
+            setattr(task, field, template)
+    # A continuous run a rescale started (supervise_continuous) passes the handover the same way.
+    from streamlake.operations.runner import job_args
+
+    args = job_args(job, continuous=True, await_handover="manual__1")
+    assert "--processing-time" in args and args[-2:] == ["--await-handover", "manual__1"]
 
 
 def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):

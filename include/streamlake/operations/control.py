@@ -16,7 +16,11 @@ pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
 ``state.json``
     how the job was started (mode, pid, savepoint it was restored from);
 ``progress.jsonl``
-    one JSON line per micro-batch of every stage.
+    one JSON line per micro-batch of every stage;
+``handovers/<operation>.json``
+    written by an operation that stops the job and starts it again with a run it
+    triggered before the stop (a rescale): that run waits for it
+    (:meth:`JobControl.await_handover`) before it touches the tables.
 """
 
 from __future__ import annotations
@@ -26,10 +30,21 @@ import fcntl
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
+from typing import Callable
+
+from streamlake.errors import StreamLakeError
 
 log = logging.getLogger(__name__)
+
+HANDOVERS_KEPT_S = 7 * 24 * 3600  # a handover file older than this is removed when the next one is written
+
+
+class HandoverRefused(StreamLakeError):
+    """The operation a run waits for failed, or did not hand the job over in time: the run
+    must not start the job (the operation's log says why)."""
 
 
 class JobControl:
@@ -163,6 +178,61 @@ class JobControl:
             return json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return {}
+
+    # -- handing a stopped job over to a run started before the stop -----------------------
+
+    def handover_file(self, operation: str) -> Path:
+        """Where the operation ``operation`` (an id, e.g. a rescale's Airflow run id) hands the job over."""
+        return self.dir / "handovers" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', operation)}.json"
+
+    def hand_over(self, operation: str, **info) -> None:
+        """The operation ``operation`` is done with the job (stopped at a savepoint, new settings
+        in place): the run waiting in :meth:`await_handover` may take the job lock and start.
+        ``info`` (JSON-able) goes into the file. Removes handover files older than
+        :data:`HANDOVERS_KEPT_S`."""
+        self._write_handover(operation, {"handed_over": True, "at": time.time(), **info})
+
+    def refuse_handover(self, operation: str, reason: str) -> None:
+        """The operation ``operation`` failed: the run waiting for it ends with ``reason``."""
+        self._write_handover(operation, {"handed_over": False, "at": time.time(), "reason": reason})
+
+    def _write_handover(self, operation: str, content: dict) -> None:
+        path = self.handover_file(operation)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob("*.json"):
+            with contextlib.suppress(OSError):
+                if time.time() - old.stat().st_mtime > HANDOVERS_KEPT_S:
+                    old.unlink()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(content))
+        os.replace(tmp, path)
+
+    def await_handover(self, operation: str, timeout_s: float, poll_s: float = 0.2,
+                       report: Callable[[str], None] | None = None) -> dict:
+        """Wait until the operation ``operation`` hands the job over (:meth:`hand_over`); returns
+        what it wrote. Raises HandoverRefused when it refused (:meth:`refuse_handover`: it failed)
+        or wrote nothing within ``timeout_s``. ``report`` gets a line when the wait begins and
+        every 30 s of it."""
+        path = self.handover_file(operation)
+        started = time.monotonic()
+        reported = None
+        while True:
+            try:
+                content = json.loads(path.read_text())
+            except (OSError, ValueError):
+                content = None
+            if content is not None:
+                if not content.get("handed_over"):
+                    raise HandoverRefused(f"{operation} did not hand the job over: {content.get('reason')}")
+                return content
+            waited = time.monotonic() - started
+            if waited > timeout_s:
+                raise HandoverRefused(f"{operation} did not hand the job over within {timeout_s:g} s "
+                                      f"(nothing at {path})")
+            if report and (reported is None or waited - reported >= 30):
+                report(f"waiting for {operation} to hand the job over ({waited:.0f} s so far)")
+                reported = waited
+            time.sleep(poll_s)
 
     # -- the operator's side ---------------------------------------------------------------
 

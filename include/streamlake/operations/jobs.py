@@ -59,6 +59,9 @@ _RETIRED_FIELDS = ("window", "allowed_lateness", "dedup_horizon")
 
 # The Airflow connection of a job on an object store that names none (``job define --storage-conn-id``).
 DEFAULT_STORAGE_CONN_ID = "aws_default"
+# What a rescale may change (the rescale DAG's params): the master to run on and the resources.
+RESCALE_SETTINGS = ("spark_conn_id", "total_executor_cores", "executor_cores", "min_partitions",
+                    "max_offsets_per_trigger", "gold_partitions")
 
 
 @dataclass
@@ -224,6 +227,18 @@ class JobSpec:
         if self.executor_cores:
             conf["spark.executor.cores"] = str(self.executor_cores)
         return conf
+
+    def rescaled(self, settings: dict) -> "JobSpec":
+        """This job with the rescale ``settings`` (keys of :data:`RESCALE_SETTINGS`) applied; a
+        setting left empty (None, "" or 0) keeps the job's own. Raises InvalidOptionError for a
+        key that is not a rescale setting."""
+        from dataclasses import replace
+
+        unknown = sorted(set(settings) - set(RESCALE_SETTINGS))
+        if unknown:
+            raise InvalidOptionError(f"not rescale settings: {', '.join(unknown)} "
+                                     f"(known: {', '.join(RESCALE_SETTINGS)})")
+        return replace(self, **{k: v for k, v in settings.items() if v not in (None, "", 0)})
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -32,9 +32,13 @@ def application() -> str:
     return job_path(PIPELINE_APPLICATION)
 
 
-def job_args(job: JobSpec, continuous: bool) -> list[str]:
-    """spark-submit arguments of ``jobs/pipeline.py`` for the job (available-now unless ``continuous``)."""
-    return config_to_args(job.pipeline_config(continuous))
+def job_args(job: JobSpec, continuous: bool, await_handover: str | None = None) -> list[str]:
+    """spark-submit arguments of ``jobs/pipeline.py`` for the job (available-now unless
+    ``continuous``); with ``await_handover`` (an operation's id) the driver starts its session
+    but touches no table before that operation hands the job over
+    (:meth:`~streamlake.operations.control.JobControl.await_handover`)."""
+    return [*config_to_args(job.pipeline_config(continuous)), *(["--await-handover", await_handover]
+                                                                 if await_handover else [])]
 
 
 def spark_conf(job: JobSpec, application: str = PIPELINE_APPLICATION, short_run: bool = False) -> dict[str, str]:
@@ -103,13 +107,16 @@ def _reap(job: JobSpec) -> None:
     job.control.wait_stopped(60)
 
 
-def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | None = None) -> Callable[[], None]:
+def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | None = None,
+                             await_handover: str | None = None) -> Callable[[], None]:
     """One continuous run of the job through the Spark provider's SparkSubmitHook; ``env``
-    (e.g. an object store's credentials) goes to its environment, never its command line."""
+    (e.g. an object store's credentials) goes to its environment, never its command line;
+    ``await_handover``: see :func:`job_args` (a restart finds the handover done)."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     def run() -> None:
-        hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id, application_args=job_args(job, True),
+        hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id,
+                               application_args=job_args(job, True, await_handover),
                                env_vars={**spark_env(), **(env or {})}, name=f"streamlake:{job.name}")
         started = time.time()
         try:

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3
 # Control and run-history files inside a checkpoint: not part of its state.
-_NOT_STATE = {"job.lock", "STOP", "PAUSE", "PAUSED", "state.json", "progress.jsonl"}
+_NOT_STATE = {"job.lock", "STOP", "PAUSE", "PAUSED", "state.json", "progress.jsonl", "handovers"}
 
 
 class SavepointError(StreamLakeError):

@@ -65,14 +65,19 @@ class _JobSubmitOperator(SparkSubmitOperator):
         """The job's command-line arguments; every operator built on this base says which."""
         raise NotImplementedError(f"{type(self).__name__} does not say which arguments {self.job_application} gets")
 
-    def execute(self, context) -> None:
+    def job_spec(self):
+        """The job this task runs, as its spec says now (a subclass may adjust it)."""
         from streamlake.operations.jobs import load_job
+
+        return load_job(self.job_name)
+
+    def execute(self, context) -> None:
         from streamlake.operations.runner import spark_conf, spark_env
         from streamlake.orchestration.hooks import job_store_environment
         from streamlake.platform.spark_python import spark_python
         from streamlake.spark.session import job_path
 
-        job = load_job(self.job_name)
+        job = self.job_spec()
         self.application = job_path(self.job_application)
         self.application_args = self.job_arguments(job)
         self.conf = spark_conf(job, self.job_application, short_run=self.short_run)
@@ -157,13 +162,12 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         from airflow.providers.common.compat.sdk import AirflowException
         from airflow.providers.standard.hooks.subprocess import SubprocessHook
 
-        from streamlake.operations.jobs import load_job
         from streamlake.operations.runner import spark_env
         from streamlake.orchestration.hooks import job_store_environment
         from streamlake.platform.fork_server import run_client
         from streamlake.spark.session import connect_client_args, connect_client_command
 
-        job = load_job(self.job_name)
+        job = self.job_spec()
         reason = self.needs_own_jvm(job)
         if reason:
             self.log.info("%s of job %s: spark-submit, %s", self.job_application, job.name, reason)
@@ -207,22 +211,38 @@ class JobRunOperator(_ConnectFirstOperator):
     holds when the run starts, then the run ends. On the Spark Connect server when it
     answers, the run's connection names a local master (``spark_default``) and the job has no
     Spark resources of its own, or the run is the catch-up that completes an operation
-    (``resumes``: ``restore``/``rescale``); else a spark-submit of its own (:meth:`needs_own_jvm`)."""
+    (``resumes``: ``restore``/``rescale``); else a spark-submit of its own (:meth:`needs_own_jvm`).
+
+    A run a rescale starts before it stops the job gets the rescale's ``settings`` (a dict, or
+    its JSON) and ``handover`` (the rescale's run id): it runs on those settings, and its
+    driver starts while the savepoint is taken but waits for the handover before it touches
+    a table (:func:`streamlake.operations.runner.job_args`)."""
 
     job_application = "pipeline.py"
     short_run = True  # available-now
     starts_a_jvm = True  # the heavy work: in the Spark pool on the server too, as in a JVM of its own
     ui_color = "#e4f0e8"
-    template_fields = (*_ConnectFirstOperator.template_fields, "resumes")
+    template_fields = (*_ConnectFirstOperator.template_fields, "resumes", "settings", "handover")
 
-    def __init__(self, *, resumes: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, resumes: str | None = None, settings: dict | str | None = None,
+                 handover: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.resumes = resumes
+        self.settings = settings
+        self.handover = handover
+
+    def job_spec(self):
+        from streamlake.orchestration.tasks import resumed_job
+
+        if getattr(self, "_resumed_job", None) is None:  # once per run of the task: it logs the settings
+            settings = json.loads(self.settings) if isinstance(self.settings, str) and self.settings else self.settings
+            self._resumed_job = resumed_job(self.job_name, settings or None)
+        return self._resumed_job
 
     def job_arguments(self, job) -> list[str]:
         from streamlake.operations.runner import job_args
 
-        return job_args(job, continuous=False)
+        return job_args(job, continuous=False, await_handover=self.handover or None)
 
     def needs_own_jvm(self, job) -> str | None:
         """A run on a cluster master is an application of its own there; so is the run of a job

@@ -21,6 +21,10 @@ from streamlake.orchestration.dag_parts import START_DATE
 
 INGEST_EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
 RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the job: the operation it completes
+# Set by a rescale, which starts the job's run before it stops the job: the settings the run uses,
+# and the rescale's run id, whose handover the run's driver waits for before it touches a table.
+SETTINGS_CONF_KEY = "settings"
+HANDOVER_CONF_KEY = "handover"
 
 
 def ingest_dag_id(pipeline: str) -> str:
@@ -101,7 +105,9 @@ against a recompute from silver (StreamLake menu: *Consistency checks*). After i
 Great Expectations on the rows the run added (*Data quality*); it fails the run when a critical
 expectation fails. A run started by `restore` or `rescale` (`restored__…` / `rescaled__…`) completes
 that operation: its proof is that operation's, and its checks and quality results are recorded under
-it. Only one run at a time.
+it. A rescale starts its run before it stops the job, with the new settings in the run's configuration:
+that run's job starts its Spark session at once and waits for the rescale to hand the stopped job over
+before it touches a table (its log says when). Only one run at a time.
 """
     tables = stage_outputs(job.name)
     topics = topic_assets(job.name)
@@ -149,19 +155,23 @@ it. Only one run at a time.
         ingest = JobRunOperator(
             task_id="ingest_available_now", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",
             resumes=f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or '' }}}}",
+            settings=f"{{{{ (dag_run.conf.get('{SETTINGS_CONF_KEY}') or {{}}) | tojson }}}}",
+            handover=f"{{{{ dag_run.conf.get('{HANDOVER_CONF_KEY}') or '' }}}}",
             doc_md="The pipeline's stages, available-now, one after the other: on the Spark Connect server, "
                    "or a spark-submit of its own (the log says which and why).",
             inlets=topics, outlets=tables)
 
         @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables)
-        def supervise(params: dict) -> dict:
+        def supervise(params: dict, dag_run=None) -> dict:
             """Run the processing-time job under the restart strategy; retries are the strategy's job."""
             from streamlake.orchestration.tasks import supervise_continuous
 
+            conf = dag_run.conf or {}
             return supervise_continuous(job.name, params["spark_conn_id"], {
                 "kind": params["restart_strategy"], "attempts": params["restart_attempts"],
                 "delay_s": params["restart_delay_seconds"], "max_failures": params["max_failures_per_interval"],
-                "interval_s": params["failure_interval_seconds"]})
+                "interval_s": params["failure_interval_seconds"]},
+                settings=conf.get(SETTINGS_CONF_KEY), handover=conf.get(HANDOVER_CONF_KEY))
 
         operation = f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or 'ingest-' ~ params.mode }}}}"
         verify = JobVerifyOperator(

@@ -22,24 +22,38 @@ def run_context(extra: dict | None = None) -> dict:
     return {**info, **(extra or {})}
 
 
-def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict) -> dict:
+def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, settings: dict | None = None,
+                         handover: str | None = None) -> dict:
     """Keep the job running with a processing-time trigger; restart it by ``strategy``.
 
-    Returns when the job is stopped on request; raises GaveUp (failing the task
-    and the DAG run) with the strategy's reason when it stops restarting.
+    ``settings``: see :func:`resumed_job`; ``handover``: the id of the rescale that started this
+    run, which the driver waits for (:func:`~streamlake.operations.runner.job_args`). Returns when the
+    job is stopped on request; raises GaveUp (failing the task and the DAG run) with the
+    strategy's reason when it stops restarting.
     """
-    from streamlake.operations.jobs import load_job
     from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
     from streamlake.operations.supervisor import RestartStrategy
 
     from streamlake.orchestration.hooks import job_store_environment
 
-    job = load_job(job_name)
+    job = resumed_job(job_name, settings)
     result = run_supervised(job, RestartStrategy(**strategy),
-                            submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log)))
+                            submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log), handover))
     for i, cause in enumerate(result.causes, 1):
         log.info("restart %d cause: %s", i, cause)
     return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
+
+
+def resumed_job(job_name: str, settings: dict | None):
+    """The job a run starts: its spec, on ``settings`` where given (the run a rescale starts
+    before it stops the job: the spec gets them only when the rescale hands the job over)."""
+    from streamlake.operations.jobs import load_job
+
+    job = load_job(job_name)
+    if settings:
+        job = job.rescaled(settings)
+        log.info("job %s on the settings of the rescale that started this run: %s", job_name, settings)
+    return job
 
 
 def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
@@ -93,22 +107,37 @@ def job_mode(job_name: str) -> str | None:
     return load_job(job_name).control.read_state().get("mode")
 
 
-def apply_rescale(job_name: str, spark_conn_id: str, total_executor_cores: int | None, executor_cores: int | None,
-                  min_partitions: int | None, max_offsets_per_trigger: int | None,
-                  gold_partitions: int | None = None) -> dict:
-    """Write the new resources into the job spec; returns before/after settings."""
-    from dataclasses import replace
+def apply_rescale(job_name: str, settings: dict) -> dict:
+    """Write the rescale ``settings`` (:data:`~streamlake.operations.jobs.RESCALE_SETTINGS`; an
+    empty one keeps the job's) into the job spec; returns the settings before and after."""
+    from streamlake.operations.jobs import RESCALE_SETTINGS, load_job, save_job
 
-    from streamlake.operations.jobs import load_job, save_job
+    before = load_job(job_name)
+    after = save_job(before.rescaled(settings))
+    return {"before": {k: before.to_dict()[k] for k in RESCALE_SETTINGS},
+            "after": {k: after.to_dict()[k] for k in RESCALE_SETTINGS}}
 
-    job = load_job(job_name)
-    before = job.to_dict()
-    changes = {"spark_conn_id": spark_conn_id, "total_executor_cores": total_executor_cores,
-               "executor_cores": executor_cores, "min_partitions": min_partitions,
-               "max_offsets_per_trigger": max_offsets_per_trigger, "gold_partitions": gold_partitions}
-    job = save_job(replace(job, **{k: v for k, v in changes.items() if v not in (None, "", 0)}))
-    keys = list(changes)
-    return {"before": {k: before[k] for k in keys}, "after": {k: job.to_dict()[k] for k in keys}}
+
+def hand_over(job_name: str, operation: str, **info) -> None:
+    """The operation ``operation`` (its run id) is done with the stopped job: the run it started
+    before the stop (waiting in :meth:`~streamlake.operations.control.JobControl.await_handover`)
+    may start the job."""
+    from streamlake.operations.jobs import load_job
+
+    load_job(job_name).control.hand_over(operation, **info)
+    log.info("%s handed job %s over to the run it started", operation, job_name)
+
+
+def refuse_handover(context) -> None:
+    """``on_failure_callback`` of the tasks before an operation's handover: the run it started
+    before the stop ends at once, with this task's failure as the reason, instead of waiting for
+    a handover that will not come."""
+    from streamlake.operations.jobs import load_job
+
+    job, run_id, task_id = context["params"]["job"], context["run_id"], context["task_instance"].task_id
+    reason = f"its task {task_id} failed: {context.get('exception')}"
+    load_job(job).control.refuse_handover(run_id, reason)
+    log.info("job %s: the run started by %s will not start the job (%s)", job, run_id, reason)
 
 
 def progress_mark(job_name: str) -> int:
