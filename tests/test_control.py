@@ -138,7 +138,46 @@ def test_an_idle_job_is_kept_from_starting(control):
     with control.quiesced(timeout_s=5) as paused:
         assert paused is None
         assert lock_is_held_against_a_starting_job(control)
+        assert control.lock_holder() == "savepoint" and not control.is_running(), \
+            "a savepoint holding the lock of a stopped job is not the job running"
     assert not lock_is_held_against_a_starting_job(control)
+    assert control.lock_holder() is None
+
+
+@pytest.mark.parametrize("holder", ["job", "savepoint", "restore"])
+def test_the_lock_names_its_holder_and_only_a_driver_is_the_job_running(control, holder):
+    assert control.lock_holder() is None and not control.is_running()
+    with control.running(timeout_s=1, holder=holder):
+        assert control.lock_holder() == holder
+        assert control.is_running() == (holder == "job")
+        assert lock_is_held_against_a_starting_job(control), "whoever holds it, no job starts meanwhile"
+    assert control.lock_holder() is None and not control.is_running()
+    assert control.lock_file.read_text() == "", "a released lock names nobody for the next holder"
+    with control.running(timeout_s=1):
+        assert control.lock_holder() == "job" and control.is_running()
+
+
+def test_a_savepoint_waits_for_a_restore_that_holds_the_lock_without_pausing_anything(control):
+    """A restore of the stopped job holds the lock: the savepoint asks no pause (there is no
+    driver to obey it) and waits for the lock instead; no STOP or PAUSE is left behind."""
+    release, held = threading.Event(), threading.Event()
+    asked_while_held = []
+
+    def restore():
+        with control.running(timeout_s=5, holder="restore"):
+            held.set()
+            release.wait(10)
+            asked_while_held.append(control.pause_requested() or control.stop_requested())
+
+    thread = threading.Thread(target=restore, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    threading.Timer(0.5, release.set).start()
+    with control.quiesced(timeout_s=5, stop_after=True) as paused:
+        assert paused is None and control.lock_holder() == "savepoint"
+    thread.join(5)
+    assert asked_while_held == [False], "no pause or stop was asked of a job that was not running"
+    assert not control.pause_requested() and not control.stop_file.exists()
 
 
 def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(control):

@@ -93,15 +93,18 @@ def test_restore_starts_the_job_from_its_trigger_task(dagbag, mode, was_running,
     assert set(pulled) == {"restore"}
 
 
-@pytest.mark.parametrize("mode,was_running,resumed", [
-    ("available-now", True, "scheduled"),
-    ("continuous", True, "continuous"),
-    ("continuous", False, "scheduled"),
+@pytest.mark.parametrize("mode,lock_holder,resumed", [
+    ("available-now", "job", "scheduled"),
+    ("continuous", "job", "continuous"),
+    ("continuous", None, "scheduled"),
+    ("continuous", "savepoint", "scheduled"),  # a savepoint of the stopped job holds its lock
+    ("continuous", "restore", "scheduled"),
 ])
-def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, monkeypatch, mode, was_running,
+def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, monkeypatch, mode, lock_holder,
                                                               resumed):
     """The rescale starts the job's run before anything else (its driver starts while the
-    savepoint is taken): continuous if the job runs continuously at the trigger, on the form's
+    savepoint is taken): continuous if the job runs continuously at the trigger (its driver,
+    not a savepoint or restore of the stopped job, holds the job lock), on the form's
     settings, waiting for this rescale's handover; the savepoint follows that task, and every
     task before the handover refuses it when it fails for good."""
     import threading
@@ -125,9 +128,9 @@ def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, 
     render = lambda field: env.from_string(getattr(resume, field)).render(params=params,  # noqa: E731
                                                                           run_id="manual__1")
     held, release = threading.Event(), threading.Event()
-    if was_running:  # a driver holds the job lock while this renders
+    if lock_holder:  # a driver, savepoint or restore holds the job lock while this renders
         def driver():
-            with job.control.running():
+            with job.control.running(holder=lock_holder):
                 held.set()
                 release.wait(30)
         threading.Thread(target=driver, daemon=True).start()

@@ -5,7 +5,9 @@ pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
 
 ``job.lock``
     held (``flock``) by the job's driver for as long as it runs, so "running"
-    is a fact the OS maintains, not a pid file that can go stale;
+    is a fact the OS maintains, not a pid file that can go stale; a savepoint or
+    restore of a stopped job holds it too, to keep the job from starting, and the
+    holder names itself in the file (``job``, ``savepoint``, ``restore``);
 ``STOP``
     finish the current micro-batch, stop the query, exit;
 ``PAUSE`` / ``PAUSED``
@@ -39,6 +41,7 @@ from streamlake.errors import StreamLakeError
 
 log = logging.getLogger(__name__)
 
+JOB_HOLDER = "job"  # what a job's driver writes into the lock file it holds (JobControl.running)
 HANDOVERS_KEPT_S = 7 * 24 * 3600  # a handover file older than this is removed when the next one is written
 
 
@@ -89,9 +92,11 @@ class JobControl:
     # -- the job's side --------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def running(self, timeout_s: float = 60.0):
-        """Hold the job lock while the body runs. Waits up to ``timeout_s`` for a
-        savepoint or restore that holds it; raises TimeoutError if it stays taken."""
+    def running(self, timeout_s: float = 60.0, holder: str = JOB_HOLDER):
+        """Hold the job lock while the body runs, as ``holder``: ``"job"`` (the job's driver) or
+        the operation that keeps a stopped job from starting (``"savepoint"``, ``"restore"``),
+        which :meth:`lock_holder` reads. Waits up to ``timeout_s`` for a job, savepoint or
+        restore that holds it; raises TimeoutError if it stays taken."""
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.lock_file, "a+")
         deadline = time.monotonic() + timeout_s
@@ -106,9 +111,13 @@ class JobControl:
                         f"another process holds {self.lock_file} (a running job, savepoint or restore)"
                     ) from None
                 time.sleep(0.5)
+        fh.truncate(0)
+        fh.write(f"{holder}\n")
+        fh.flush()
         try:
             yield self
         finally:
+            fh.truncate(0)  # before the lock is free: the next holder's file never names this one
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
@@ -236,17 +245,26 @@ class JobControl:
 
     # -- the operator's side ---------------------------------------------------------------
 
-    def is_running(self) -> bool:
-        """True while a job driver holds the lock."""
+    def lock_holder(self) -> str | None:
+        """Who holds the job lock now: ``"job"`` (a driver), ``"savepoint"`` or ``"restore"``
+        (keeping the stopped job from starting), or None when nobody does. A lock taken an
+        instant ago that names nobody yet counts as the job's (callers then wait for it as
+        for a driver, the cautious side)."""
         if not self.lock_file.exists():
-            return False
+            return None
         with open(self.lock_file, "a+") as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return True
+                fh.seek(0)
+                return fh.read().strip() or JOB_HOLDER
             fcntl.flock(fh, fcntl.LOCK_UN)
-            return False
+            return None
+
+    def is_running(self) -> bool:
+        """True while the job's driver holds the lock; False while nobody does, or a savepoint
+        or restore holds it to keep the stopped job from starting."""
+        return self.lock_holder() == JOB_HOLDER
 
     def request_stop(self) -> None:
         self._touch(self.stop_file)
@@ -303,7 +321,7 @@ class JobControl:
                 raise
         if paused is None:
             self.resume()  # the job ended instead of pausing, or never ran
-            with self.running(timeout_s):
+            with self.running(timeout_s, holder="savepoint"):
                 yield None
             return
         try:

@@ -335,7 +335,7 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
         control.request_stop()
         control.wait_stopped(timeout_s)
     restored = []
-    with control.running(timeout_s):
+    with control.running(timeout_s, holder="restore"):
         for state in manifest.tables:
             table = open_table(state.path)
             properties = CommitProperties(
