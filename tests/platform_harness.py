@@ -114,12 +114,16 @@ class AirflowREST:
         content = body.get("content") if isinstance(body, dict) else body
         return "\n".join(e.get("event", "") if isinstance(e, dict) else str(e) for e in (content or []))
 
-    def tries(self, dag_id: str, run_id: str, task_id: str) -> int:
-        """The number of the task's last try (its log is that of the try that ended the task)."""
+    def task(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        """The task instance (state, start_date, end_date, try_number...)."""
         status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
                                         f"/taskInstances/{task_id}")
         assert status == 200, f"task {dag_id}/{run_id}/{task_id}: {status} {body}"
-        return body["try_number"]
+        return body
+
+    def tries(self, dag_id: str, run_id: str, task_id: str) -> int:
+        """The number of the task's last try (its log is that of the try that ended the task)."""
+        return self.task(dag_id, run_id, task_id)["try_number"]
 
     def failed_tasks(self, dag_id: str, run_id: str) -> list[str]:
         status, body = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"

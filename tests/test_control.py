@@ -180,6 +180,52 @@ def test_a_savepoint_waits_for_a_restore_that_holds_the_lock_without_pausing_any
     assert not control.pause_requested() and not control.stop_file.exists()
 
 
+def test_a_supervised_job_stays_supervised_between_its_drivers_and_waits_for_an_available_now_run(control):
+    """A continuous job's supervisor marks it supervised for its whole life, also while its
+    driver restarts (the job lock free for a moment), so a scheduled run leaves it alone
+    (``choose_mode``); one supervisor at a time; and it starts its driver only once an
+    available-now run of the job in progress (a scheduled run's) has ended."""
+    from types import SimpleNamespace
+
+    from streamlake.operations.runner import run_supervised
+    from streamlake.operations.supervisor import JobFailed, RestartStrategy
+
+    assert not control.is_supervised()
+    scheduled_run_done = threading.Event()
+
+    def available_now_run():  # a scheduled run's driver, already running when the supervisor starts
+        with control.running(timeout_s=1):
+            control.write_state(mode="available-now")
+            started.set()
+            time.sleep(1.5)
+        scheduled_run_done.set()
+
+    started = threading.Event()
+    threading.Thread(target=available_now_run, daemon=True).start()
+    assert started.wait(5)
+    seen = []
+
+    def driver():  # fails once (a restart), then runs until stopped
+        seen.append({"after_the_scheduled_run": scheduled_run_done.is_set(), "supervised": control.is_supervised(),
+                     "running": control.is_running()})
+        if len(seen) == 1:
+            raise JobFailed("killed")
+        with control.running(timeout_s=1):
+            control.write_state(mode="continuous")
+            assert control.is_supervised() and control.is_running()
+            with pytest.raises(TimeoutError, match="another supervisor"):
+                with control.supervising(timeout_s=0.5):
+                    pass
+        control.request_stop()
+
+    result = run_supervised(SimpleNamespace(name="j", control=control),
+                            RestartStrategy("fixed-delay", attempts=2, delay_s=0.2), driver)
+    assert result.runs == 2 and result.restarts == 1
+    assert seen == [{"after_the_scheduled_run": True, "supervised": True, "running": False}] * 2, \
+        "the driver starts after the available-now run, and between its starts the job stays supervised"
+    assert not control.is_supervised()
+
+
 def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(control):
     release = threading.Event()
 

@@ -193,6 +193,41 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
         assert dagbag.dags[f"ingest_{pipeline}"].get_task("supervise_continuous").retries == 0
 
 
+def test_the_next_run_starts_its_job_while_the_one_before_proves_itself(dagbag, tmp_path, monkeypatch):
+    """Two runs of an ingest DAG at a time, each of the job's tasks and proofs one run at a time:
+    a restore's or rescale's run does not queue behind the previous run's verify and quality, and
+    two runs' jobs never run side by side. A scheduled run while a supervisor keeps the job running
+    continuously chooses nothing (every later task skipped); a run that completes an operation
+    always runs. (On the running platform: test_live_platform.)"""
+    from streamlake.operations.jobs import JobSpec, load_job, save_job
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                     root=str(tmp_path / "orders")))
+    for pipeline in PIPELINES:
+        dag = dagbag.dags[f"ingest_{pipeline}"]
+        assert dag.max_active_runs == 2
+        for task_id in ("ingest_available_now", "supervise_continuous", "verify", "quality"):
+            assert dag.get_task(task_id).max_active_tis_per_dag == 1, task_id
+
+    choose = dagbag.dags["ingest_orders"].get_task("choose_mode").python_callable
+
+    class DagRun:
+        def __init__(self, conf):
+            self.conf = conf
+
+    def chosen(mode, conf=None):
+        return choose(params={"mode": mode}, dag_run=DagRun(conf))
+
+    assert chosen("scheduled") == ["ingest_available_now"]
+    assert chosen("continuous") == ["supervise_continuous"]
+    with load_job("orders").control.supervising():
+        assert chosen("scheduled") == [], "the supervisor keeps every stage up to date"
+        assert chosen("scheduled", {"resumes": "rescale"}) == ["ingest_available_now"]
+        assert chosen("continuous", {"resumes": "rescale"}) == ["supervise_continuous"]
+    assert chosen("scheduled") == ["ingest_available_now"]
+
+
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     """Every pipeline run (ingest: a Spark application, or the heavy work on the Spark Connect
     server) takes a slot of the pool ``streamlake platform`` sizes to the cores

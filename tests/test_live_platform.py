@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import re
 import time
+import urllib.request
 
 import pytest
 
@@ -31,10 +32,25 @@ pytestmark = pytest.mark.slow
 PIPELINES = ("orders", "sensors")
 DAGS = {"ingest_orders", "ingest_sensors", "backfill_orders", "backfill_sensors", "savepoint", "restore", "rescale"}
 OPERATION_TIMEOUT_S = 420  # generous: both pipelines' runs share 2 cores with the operations
-# A run an operation starts may queue behind one the forms triggered (max_active_runs=1): its wait covers both.
+# A run an operation starts may wait for the job of one the forms triggered: its wait covers both.
 RESUMED_RUN_TIMEOUT_S = 2 * OPERATION_TIMEOUT_S
 NOTE = "before the rescale, typed in the browser"
 KEEP_UP_WINDOW_S = 30
+
+
+def wait_task(rest, dag_id: str, run_id: str, task_id: str, until, timeout: float = RESUMED_RUN_TIMEOUT_S) -> dict:
+    """The task instance once ``until(it)`` holds (its run may not exist yet); fails on a failed task."""
+    deadline = time.monotonic() + timeout
+    ti = None
+    while time.monotonic() < deadline:
+        status, ti = rest.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"
+                                      f"/taskInstances/{task_id}")
+        if status == 200:
+            assert ti["state"] not in ("failed", "upstream_failed"), ti
+            if until(ti):
+                return ti
+        time.sleep(1)
+    raise AssertionError(f"{dag_id} {run_id} {task_id}: still {ti} after {timeout:g} s")
 
 
 def succeeded(rest, dag_id: str, run_id: str, timeout: float = OPERATION_TIMEOUT_S) -> dict:
@@ -121,20 +137,33 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     # (default resources): each succeeds and the run it starts completes it.
     restore = trigger_from_form(page, base, "restore", screenshot=shot("05-restore-form"), rest=rest)
     succeeded(rest, "restore", restore)
-    succeeded(rest, "ingest_sensors", f"restored__{restore}", RESUMED_RUN_TIMEOUT_S)
-    # its catch-up (the form's default master, local) ran on the warm server although the demo
-    # job has cluster resources of its own: they do not apply locally, and the restore waits for it
-    catch_up = rest.task_log("ingest_sensors", f"restored__{restore}", "ingest_available_now",
-                             rest.tries("ingest_sensors", f"restored__{restore}", "ingest_available_now"))
+    restored = f"restored__{restore}"
+    # The rescale is triggered as soon as the restore's run has caught up, while that run still
+    # proves itself (verify, quality): the rescale's run starts its job at once (two runs of the
+    # ingest DAG at a time, each task one run at a time), not after that proof.
+    wait_task(rest, "ingest_sensors", restored, "ingest_available_now", lambda ti: ti["state"] == "success")
+    rescale = trigger_from_form(page, base, "rescale", screenshot=shot("06-rescale-form"), rest=rest)
+    triggered = time.time()
+    rescaled = f"rescaled__{rescale}"
+    started = wait_task(rest, "ingest_sensors", rescaled, "ingest_available_now", lambda ti: ti["start_date"])
+    restored_run = succeeded(rest, "ingest_sensors", restored, RESUMED_RUN_TIMEOUT_S)
+    assert triggered < epoch(restored_run["end_date"]), "the restore's run had proven itself before the rescale " \
+                                                        "was triggered: nothing to overlap (a faster proof than ever)"
+    assert epoch(started["start_date"]) < epoch(restored_run["end_date"]), \
+        f"the rescale's job started at {started['start_date']}, after the restore's run ended " \
+        f"({restored_run['end_date']}): it queued behind that run's proof"
+    # the restore's catch-up (the form's default master, local) ran on the warm server although
+    # the demo job has cluster resources of its own: they do not apply locally, and the restore waits for it
+    catch_up = rest.task_log("ingest_sensors", restored, "ingest_available_now",
+                             rest.tries("ingest_sensors", restored, "ingest_available_now"))
     assert "pipeline.py of job sensors on the Spark Connect server sc://" in catch_up
     operations = rest.call("GET", "/streamlake/api/operations?job=sensors&limit=100")[1]
-    restored = [json.loads(o["details"]) for o in operations if o["operation"] == "restore"]
+    restores = [json.loads(o["details"]) for o in operations if o["operation"] == "restore"]
     noted_id = next(s["id"] for s in rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1]
                     if s["note"] == NOTE)
-    assert restored and restored[0]["savepoint"] == noted_id, "the default restores the newest savepoint"
-    rescale = trigger_from_form(page, base, "rescale", screenshot=shot("06-rescale-form"), rest=rest)
+    assert restores and restores[0]["savepoint"] == noted_id, "the default restores the newest savepoint"
     succeeded(rest, "rescale", rescale)
-    succeeded(rest, "ingest_sensors", f"rescaled__{rescale}", RESUMED_RUN_TIMEOUT_S)
+    succeeded(rest, "ingest_sensors", rescaled, RESUMED_RUN_TIMEOUT_S)
 
 
 def test_the_views_read_well_in_the_browser(live_platform, page):
@@ -239,7 +268,7 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     run_id = rest.trigger("ingest_sensors", {"mode": "continuous", "spark_conn_id": "spark_cluster"})
     spec = JobSpec.from_dict(json.loads((live_platform.home / "jobs" / "sensors.json").read_text()))
     progress = spec.control.progress_file
-    # The run may queue behind an earlier one (max_active_runs=1): the window starts when it runs.
+    # The run may queue behind earlier ones (two runs at a time): the window starts when it runs.
     deadline = time.monotonic() + RESUMED_RUN_TIMEOUT_S
     while rest.run("ingest_sensors", run_id)["state"] == "queued":
         assert time.monotonic() < deadline, "the continuous run never left the queue"
@@ -270,6 +299,13 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     assert state == "running", f"the continuous run ended early ({state}): " \
                                f"{rest.failed_tasks('ingest_sensors', run_id)}"
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
+    # A scheduled run meanwhile does not queue behind the continuous one (two runs at a time): it
+    # leaves the job to its supervisor, every task after choose_mode skipped.
+    beside = rest.trigger("ingest_sensors", {"mode": "scheduled"})
+    succeeded(rest, "ingest_sensors", beside)
+    assert rest.task("ingest_sensors", beside, "ingest_available_now")["state"] == "skipped"
+    assert "this scheduled run has nothing to do" in rest.task_log("ingest_sensors", beside, "choose_mode")
+    assert rest.run("ingest_sensors", run_id)["state"] == "running"
     stop = rest.trigger("savepoint", {"job": "sensors", "stop": True})  # stop-with-savepoint ends the run
     succeeded(rest, "savepoint", stop)
     succeeded(rest, "ingest_sensors", run_id)

@@ -8,6 +8,9 @@ pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
     is a fact the OS maintains, not a pid file that can go stale; a savepoint or
     restore of a stopped job holds it too, to keep the job from starting, and the
     holder names itself in the file (``job``, ``savepoint``, ``restore``);
+``supervisor.lock``
+    held by the supervisor of a continuous job for its whole life, also between
+    two starts of its driver: a scheduled run leaves a supervised job alone;
 ``STOP``
     finish the current micro-batch, stop the query, exit;
 ``PAUSE`` / ``PAUSED``
@@ -50,6 +53,20 @@ class HandoverRefused(StreamLakeError):
     must not start the job (the operation's log says why)."""
 
 
+def _flock(fh, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Take an exclusive ``flock`` on the open file ``fh``, waiting up to ``timeout_s``
+    (0: one try); False if another process still holds it then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+
 class JobControl:
     """Control files of a job, in ``directory``."""
 
@@ -68,6 +85,10 @@ class JobControl:
     @property
     def lock_file(self) -> Path:
         return self.dir / "job.lock"
+
+    @property
+    def supervisor_lock_file(self) -> Path:
+        return self.dir / "supervisor.lock"
 
     @property
     def stop_file(self) -> Path:
@@ -99,18 +120,9 @@ class JobControl:
         restore that holds it; raises TimeoutError if it stays taken."""
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.lock_file, "a+")
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    fh.close()
-                    raise TimeoutError(
-                        f"another process holds {self.lock_file} (a running job, savepoint or restore)"
-                    ) from None
-                time.sleep(0.5)
+        if not _flock(fh, timeout_s):
+            fh.close()
+            raise TimeoutError(f"another process holds {self.lock_file} (a running job, savepoint or restore)")
         fh.truncate(0)
         fh.write(f"{holder}\n")
         fh.flush()
@@ -130,24 +142,34 @@ class JobControl:
         the proofs are then only slower, never wrong: each reads committed versions)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.dir / "proof.lock", "a+")
-        deadline = time.monotonic() + timeout_s
         held = False
         try:
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = True
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        log.warning("another proof of %s has run for over %.0f s; proving beside it",
-                                    self.dir, timeout_s)
-                        break
-                    time.sleep(0.5)
+            held = _flock(fh, timeout_s)
+            if not held:
+                log.warning("another proof of %s has run for over %.0f s; proving beside it", self.dir, timeout_s)
             yield self
         finally:
             if held:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    @contextlib.contextmanager
+    def supervising(self, timeout_s: float = 120.0):
+        """Mark the job as kept running by a supervisor (``supervisor.lock``, held for the
+        supervisor's whole life, across the restarts of its driver, when ``job.lock`` is free
+        for a moment): :meth:`is_supervised` is true meanwhile, so a scheduled run leaves the
+        job to it. One supervisor of a job at a time: waits up to ``timeout_s`` for another one
+        to end (a rescaled continuous run's, while the stopped one exits); raises TimeoutError
+        if it does not."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.supervisor_lock_file, "a+")
+        if not _flock(fh, timeout_s):
+            fh.close()
+            raise TimeoutError(f"another supervisor of this job holds {self.supervisor_lock_file}")
+        try:
+            yield self
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
     def stop_requested(self) -> bool:
@@ -253,9 +275,7 @@ class JobControl:
         if not self.lock_file.exists():
             return None
         with open(self.lock_file, "a+") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _flock(fh, 0):
                 fh.seek(0)
                 return fh.read().strip() or JOB_HOLDER
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -265,6 +285,17 @@ class JobControl:
         """True while the job's driver holds the lock; False while nobody does, or a savepoint
         or restore holds it to keep the stopped job from starting."""
         return self.lock_holder() == JOB_HOLDER
+
+    def is_supervised(self) -> bool:
+        """True while a supervisor keeps the job running continuously (:meth:`supervising`),
+        also between two of its driver's starts."""
+        if not self.supervisor_lock_file.exists():
+            return False
+        with open(self.supervisor_lock_file, "a+") as fh:
+            if not _flock(fh, 0):
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
 
     def request_stop(self) -> None:
         self._touch(self.stop_file)

@@ -26,6 +26,7 @@ from streamlake.operations.supervisor import JobFailed, RestartStrategy, Supervi
 log = logging.getLogger(__name__)
 
 PIPELINE_APPLICATION = "pipeline.py"
+AVAILABLE_NOW_WAIT_S = 3600.0  # how long a supervisor waits for an available-now run of its job to end
 
 
 def application() -> str:
@@ -149,11 +150,19 @@ def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
 
 def run_supervised(job: JobSpec, strategy: RestartStrategy, run_once: Callable[[], None]) -> SupervisionResult:
     """Keep the job running under ``strategy`` until it is stopped on request (returns)
-    or the strategy gives up (GaveUp)."""
+    or the strategy gives up (GaveUp). The job is marked supervised meanwhile
+    (:meth:`~streamlake.operations.control.JobControl.supervising`: a scheduled run leaves it
+    alone). An available-now run of the job in progress (a scheduled run's) is waited for
+    first, up to :data:`AVAILABLE_NOW_WAIT_S`: it ends by itself. Raises TimeoutError when
+    another supervisor or that run does not end in time."""
     control = job.control
-    control.stop_file.unlink(missing_ok=True)
-    log.info("supervising %s with restart strategy %s", job.name, strategy.describe())
-    try:
-        return supervise(run_once, strategy, stop_requested=control.stop_requested)
-    finally:
+    with control.supervising():
+        if control.is_running() and control.read_state().get("mode") == "available-now":
+            log.info("waiting for the job's available-now run to end before supervising it")
+            control.wait_stopped(AVAILABLE_NOW_WAIT_S)
         control.stop_file.unlink(missing_ok=True)
+        log.info("supervising %s with restart strategy %s", job.name, strategy.describe())
+        try:
+            return supervise(run_once, strategy, stop_requested=control.stop_requested)
+        finally:
+            control.stop_file.unlink(missing_ok=True)

@@ -101,8 +101,8 @@ def resume_job_before_stop(after: str = "rescale"):
     and session at once and then waits for the operation to hand the stopped job over
     (``handover``: the operation's run id; :meth:`~streamlake.operations.control.JobControl.await_handover`)
     before it touches a table. Its mode follows the job's state at the trigger
-    (:func:`current_state`): a job running continuously now is resumed continuously (that run
-    queues behind the running one, which ends with the stop). The operation must hand the job
+    (:func:`current_state`): a job running continuously now is resumed continuously (that run's
+    supervisor task waits for the running one's, which ends with the stop). The operation must hand the job
     over (:func:`streamlake.orchestration.tasks.hand_over`) once it is stopped and its settings
     are in place, and refuse (:func:`streamlake.orchestration.tasks.refuse_handover`, the
     ``on_failure_callback`` of every task before that) when it fails. The job is the DAG's

@@ -20,6 +20,11 @@ import os
 from streamlake.orchestration.dag_parts import START_DATE
 
 INGEST_EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
+# Two runs at a time, each task one run at a time: a run's job (its ingest or supervisor) starts
+# while the run before it still proves itself (verify, quality), so a restore's or rescale's run
+# does not queue behind a proof; the job's own tasks never run side by side.
+INGEST_ACTIVE_RUNS = 2
+ONE_RUN_AT_A_TIME = {"max_active_tis_per_dag": 1}
 RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the job: the operation it completes
 # Set by a rescale, which starts the job's run before it stops the job: the settings the run uses,
 # and the rescale's run id, whose handover the run's driver waits for before it touches a table.
@@ -107,7 +112,12 @@ expectation fails. A run started by `restore` or `rescale` (`restored__…` / `r
 that operation: its proof is that operation's, and its checks and quality results are recorded under
 it. A rescale starts its run before it stops the job, with the new settings in the run's configuration:
 that run's job starts its Spark session at once and waits for the rescale to hand the stopped job over
-before it touches a table (its log says when). Only one run at a time.
+before it touches a table (its log says when).
+
+Two runs at a time, each task of them one run at a time: the next run's job starts while the run
+before it still proves itself, so a restore's or rescale's run never waits for a proof, and two runs'
+jobs never run side by side. A scheduled run while a supervisor runs the job continuously does nothing
+(`choose_mode` says so; the continuous job keeps every stage up to date).
 """
     tables = stage_outputs(job.name)
     topics = topic_assets(job.name)
@@ -118,7 +128,7 @@ before it touches a table (its log says when). Only one run at a time.
         schedule=dt.timedelta(minutes=INGEST_EVERY_MINUTES),
         start_date=START_DATE,
         catchup=False,
-        max_active_runs=1,
+        max_active_runs=INGEST_ACTIVE_RUNS,
         is_paused_upon_creation=False,
         tags=["streamlake", "ingest", f"pipeline:{job.name}"],
         default_args={"owner": "streamlake", "retries": 2, "retry_delay": dt.timedelta(minutes=1)},
@@ -148,9 +158,12 @@ before it touches a table (its log says when). Only one run at a time.
     ) as dag:
 
         @task.branch(task_id="choose_mode")
-        def choose_mode(params: dict) -> str:
-            """Scheduled -> one available-now run; continuous -> the supervisor."""
-            return "ingest_available_now" if params["mode"] == "scheduled" else "supervise_continuous"
+        def choose_mode(params: dict, dag_run=None) -> list[str]:
+            """Scheduled -> one available-now run (none while a supervisor runs the job
+            continuously); continuous -> the supervisor."""
+            from streamlake.orchestration.tasks import choose_mode
+
+            return choose_mode(job.name, params["mode"], (dag_run.conf or {}).get(RESUMES_CONF_KEY))
 
         ingest = JobRunOperator(
             task_id="ingest_available_now", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",
@@ -159,9 +172,9 @@ before it touches a table (its log says when). Only one run at a time.
             handover=f"{{{{ dag_run.conf.get('{HANDOVER_CONF_KEY}') or '' }}}}",
             doc_md="The pipeline's stages, available-now, one after the other: on the Spark Connect server, "
                    "or a spark-submit of its own (the log says which and why).",
-            inlets=topics, outlets=tables)
+            inlets=topics, outlets=tables, **ONE_RUN_AT_A_TIME)
 
-        @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables)
+        @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables, **ONE_RUN_AT_A_TIME)
         def supervise(params: dict, dag_run=None) -> dict:
             """Run the processing-time job under the restart strategy; retries are the strategy's job."""
             from streamlake.orchestration.tasks import supervise_continuous
@@ -176,11 +189,12 @@ before it touches a table (its log says when). Only one run at a time.
         operation = f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or 'ingest-' ~ params.mode }}}}"
         verify = JobVerifyOperator(
             task_id="verify", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
-            quality=False, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            quality=False, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS, **ONE_RUN_AT_A_TIME,
             doc_md="The proof: bronze vs Kafka, every bronze row once downstream, gold vs a recompute from silver.")
         quality = JobQualityOperator(
             task_id="quality", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
-            doc_md="Great Expectations on the rows each table gained since its last validation (after the proof).")
+            doc_md="Great Expectations on the rows each table gained since its last validation (after the proof).",
+            **ONE_RUN_AT_A_TIME)
 
         @task.run_if(lambda context: (context["dag_run"].conf or {}).get(RESUMES_CONF_KEY) == "rescale",
                      skip_message="not resuming a rescale")
