@@ -180,29 +180,32 @@ def test_a_savepoint_waits_for_a_restore_that_holds_the_lock_without_pausing_any
     assert not control.pause_requested() and not control.stop_file.exists()
 
 
-def test_a_supervised_job_stays_supervised_between_its_drivers_and_waits_for_an_available_now_run(control):
+def test_a_supervised_job_stays_supervised_between_its_drivers_and_never_beside_a_scheduled_run(control):
     """A continuous job's supervisor marks it supervised for its whole life, also while its
-    driver restarts (the job lock free for a moment), so a scheduled run leaves it alone
-    (``choose_mode``); one supervisor at a time; and it starts its driver only once an
-    available-now run of the job in progress (a scheduled run's) has ended."""
+    driver restarts (the job lock free for a moment); it starts its driver only once the
+    scheduled run in progress has ended (that run holds the mark shared from before its
+    driver starts, as the ingest DAG's task does); a scheduled run while it supervises is
+    refused (JobSupervised: the DAG skips it); one supervisor at a time."""
     from types import SimpleNamespace
 
+    from streamlake.operations.control import JobSupervised
     from streamlake.operations.runner import run_supervised
     from streamlake.operations.supervisor import JobFailed, RestartStrategy
 
     assert not control.is_supervised()
-    scheduled_run_done = threading.Event()
+    started, scheduled_run_done = threading.Event(), threading.Event()
 
-    def available_now_run():  # a scheduled run's driver, already running when the supervisor starts
-        with control.running(timeout_s=1):
-            control.write_state(mode="available-now")
+    def scheduled_run():  # its task, already in progress (its driver not yet holding the job lock)
+        with control.scheduled_run():
             started.set()
-            time.sleep(1.5)
+            time.sleep(1.0)
+            with control.running(timeout_s=1):
+                time.sleep(0.5)
         scheduled_run_done.set()
 
-    started = threading.Event()
-    threading.Thread(target=available_now_run, daemon=True).start()
+    threading.Thread(target=scheduled_run, daemon=True).start()
     assert started.wait(5)
+    assert not control.is_supervised(), "a scheduled run is not a supervisor"
     seen = []
 
     def driver():  # fails once (a restart), then runs until stopped
@@ -210,8 +213,10 @@ def test_a_supervised_job_stays_supervised_between_its_drivers_and_waits_for_an_
                      "running": control.is_running()})
         if len(seen) == 1:
             raise JobFailed("killed")
+        with pytest.raises(JobSupervised, match="runs continuously under its supervisor"):
+            with control.scheduled_run():
+                pass
         with control.running(timeout_s=1):
-            control.write_state(mode="continuous")
             assert control.is_supervised() and control.is_running()
             with pytest.raises(TimeoutError, match="another supervisor"):
                 with control.supervising(timeout_s=0.5):
@@ -222,8 +227,25 @@ def test_a_supervised_job_stays_supervised_between_its_drivers_and_waits_for_an_
                             RestartStrategy("fixed-delay", attempts=2, delay_s=0.2), driver)
     assert result.runs == 2 and result.restarts == 1
     assert seen == [{"after_the_scheduled_run": True, "supervised": True, "running": False}] * 2, \
-        "the driver starts after the available-now run, and between its starts the job stays supervised"
+        "the driver starts after the scheduled run, and between its starts the job stays supervised"
     assert not control.is_supervised()
+    with control.scheduled_run():
+        assert not control.is_supervised()
+
+
+@pytest.mark.parametrize("supervised", [True, False])
+def test_stop_with_savepoint_between_two_starts_of_a_supervised_driver_stops_the_next(control, supervised):
+    """A rescale's stop-with-savepoint that finds a continuous job between two starts of its
+    driver (the supervisor waits to restart it): the savepoint is taken with the job lock held,
+    and the job is asked to stop, so the next start stops instead of running on; an idle job
+    without a supervisor is asked nothing."""
+    import contextlib
+
+    with control.supervising() if supervised else contextlib.nullcontext():
+        with control.quiesced(timeout_s=5, stop_after=True) as paused:
+            assert paused is None and control.lock_holder() == "savepoint"
+            assert not control.stop_requested()
+        assert control.stop_requested() == supervised
 
 
 def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(control):

@@ -196,9 +196,8 @@ def test_continuous_supervisor_is_not_retried_by_airflow(dagbag):
 def test_the_next_run_starts_its_job_while_the_one_before_proves_itself(dagbag, tmp_path, monkeypatch):
     """Two runs of an ingest DAG at a time, each of the job's tasks and proofs one run at a time:
     a restore's or rescale's run does not queue behind the previous run's verify and quality, and
-    two runs' jobs never run side by side. A scheduled run while a supervisor keeps the job running
-    continuously chooses nothing (every later task skipped); a run that completes an operation
-    always runs. (On the running platform: test_live_platform.)"""
+    two runs' jobs never run side by side (with a supervisor: test_control). (On the running
+    platform: test_live_platform.)"""
     from streamlake.operations.jobs import JobSpec, load_job, save_job
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
@@ -210,22 +209,24 @@ def test_the_next_run_starts_its_job_while_the_one_before_proves_itself(dagbag, 
         for task_id in ("ingest_available_now", "supervise_continuous", "verify", "quality"):
             assert dag.get_task(task_id).max_active_tis_per_dag == 1, task_id
 
-    choose = dagbag.dags["ingest_orders"].get_task("choose_mode").python_callable
+    # A scheduled run's job task beside a supervisor: skipped, saying why; a restore's or
+    # rescale's run fails instead (what it completes cannot be done beside a continuous run).
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
 
-    class DagRun:
-        def __init__(self, conf):
-            self.conf = conf
-
-    def chosen(mode, conf=None):
-        return choose(params={"mode": mode}, dag_run=DagRun(conf))
-
-    assert chosen("scheduled") == ["ingest_available_now"]
-    assert chosen("continuous") == ["supervise_continuous"]
-    with load_job("orders").control.supervising():
-        assert chosen("scheduled") == [], "the supervisor keeps every stage up to date"
-        assert chosen("scheduled", {"resumes": "rescale"}) == ["ingest_available_now"]
-        assert chosen("continuous", {"resumes": "rescale"}) == ["supervise_continuous"]
-    assert chosen("scheduled") == ["ingest_available_now"]
+    task = dagbag.dags["ingest_orders"].get_task("ingest_available_now")
+    resumes, settings = task.resumes, task.settings  # templates: as rendered for a run without conf
+    task.settings = ""
+    try:
+        with load_job("orders").control.supervising():
+            task.resumes, task._resumed_job = "", None
+            with pytest.raises(AirflowSkipException, match="this scheduled run has nothing to do: the job runs "
+                                                           "continuously under its supervisor"):
+                task.execute({})
+            task.resumes, task._resumed_job = "rescale", None
+            with pytest.raises(AirflowException, match="this run completes a rescale but the job runs continuously"):
+                task.execute({})
+    finally:
+        task.resumes, task.settings, task._resumed_job = resumes, settings, None
 
 
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):

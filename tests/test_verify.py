@@ -196,6 +196,26 @@ def test_verify_fails_with_the_failed_check_named_when_gold_is_wrong(spark, job)
     assert len(recent_checks(50, job.name)) == checks
 
 
+def test_gold_is_checked_at_one_snapshot_whatever_is_committed_meanwhile(spark, job):
+    """The next run's job may commit to gold while a proof reads it (two runs of the ingest DAG
+    at a time): the gold check compares one snapshot of gold with the silver version that
+    snapshot consumed. A commit after the snapshot (here: every window made wrong) is not that
+    check's: it passes at the snapshot, and fails on the table as it is now."""
+    from deltalake import DeltaTable
+
+    from streamlake.operations.pipeline_checks import check_gold
+
+    run_once(spark, job)
+    aggregate = next(a for a in job.definition.aggregates if a.gold_table == "gold/revenue_5m")
+    path = job.table_path(aggregate.gold_table)
+    snapshot = DeltaTable(path).version()
+    DeltaTable(path).update({"orders": "orders + 1"})
+    at_snapshot = check_gold(spark, job.tables(), job.definition, aggregate, gold_version=snapshot)
+    assert at_snapshot.passed and at_snapshot.windows_checked > 0, at_snapshot.summary()
+    now = check_gold(spark, job.tables(), job.definition, aggregate)
+    assert not now.passed and now.mismatched == at_snapshot.windows_checked, now.summary()
+
+
 def test_a_check_that_cannot_run_is_raised_after_the_checks_before_it_are_recorded(spark, job):
     """The checks run side by side and are recorded in order (audit, accounting, gold per
     aggregate): a gold table that is gone raises its error, and the audit and accounting

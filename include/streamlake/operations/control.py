@@ -9,8 +9,9 @@ pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
     restore of a stopped job holds it too, to keep the job from starting, and the
     holder names itself in the file (``job``, ``savepoint``, ``restore``);
 ``supervisor.lock``
-    held by the supervisor of a continuous job for its whole life, also between
-    two starts of its driver: a scheduled run leaves a supervised job alone;
+    held exclusively by the supervisor of a continuous job for its whole life, also
+    between two starts of its driver, and shared by each scheduled run of the job
+    from before its driver starts: neither starts beside the other;
 ``STOP``
     finish the current micro-batch, stop the query, exit;
 ``PAUSE`` / ``PAUSED``
@@ -48,18 +49,22 @@ JOB_HOLDER = "job"  # what a job's driver writes into the lock file it holds (Jo
 HANDOVERS_KEPT_S = 7 * 24 * 3600  # a handover file older than this is removed when the next one is written
 
 
+class JobSupervised(StreamLakeError):
+    """A scheduled run found the job kept running continuously by its supervisor."""
+
+
 class HandoverRefused(StreamLakeError):
     """The operation a run waits for failed, or did not hand the job over in time: the run
     must not start the job (the operation's log says why)."""
 
 
-def _flock(fh, timeout_s: float, poll_s: float = 0.5) -> bool:
-    """Take an exclusive ``flock`` on the open file ``fh``, waiting up to ``timeout_s``
-    (0: one try); False if another process still holds it then."""
+def _flock(fh, timeout_s: float, poll_s: float = 0.5, shared: bool = False) -> bool:
+    """Take an exclusive (or ``shared``) ``flock`` on the open file ``fh``, waiting up to
+    ``timeout_s`` (0: one try); False if another process still holds it against that then."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
@@ -154,18 +159,39 @@ class JobControl:
             fh.close()
 
     @contextlib.contextmanager
-    def supervising(self, timeout_s: float = 120.0):
-        """Mark the job as kept running by a supervisor (``supervisor.lock``, held for the
-        supervisor's whole life, across the restarts of its driver, when ``job.lock`` is free
-        for a moment): :meth:`is_supervised` is true meanwhile, so a scheduled run leaves the
-        job to it. One supervisor of a job at a time: waits up to ``timeout_s`` for another one
-        to end (a rescaled continuous run's, while the stopped one exits); raises TimeoutError
-        if it does not."""
+    def supervising(self, timeout_s: float = 120.0, report: Callable[[str], None] | None = None):
+        """Mark the job as kept running by a supervisor: ``supervisor.lock`` held exclusively
+        for the supervisor's whole life, across the restarts of its driver (when ``job.lock``
+        is free for a moment), so :meth:`is_supervised` is true meanwhile and a scheduled run
+        leaves the job to it (:meth:`scheduled_run`). Waits up to ``timeout_s`` for the
+        scheduled runs in progress and another supervisor to end (``report`` gets a line when it
+        has to wait); raises TimeoutError if they do not."""
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.supervisor_lock_file, "a+")
-        if not _flock(fh, timeout_s):
+        if not _flock(fh, 0):
+            if report:
+                report("waiting for the job's scheduled run or another supervisor to end")
+            if not _flock(fh, timeout_s):
+                fh.close()
+                raise TimeoutError(f"a scheduled run or another supervisor of this job held "
+                                   f"{self.supervisor_lock_file} for over {timeout_s:g} s")
+        try:
+            yield self
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
-            raise TimeoutError(f"another supervisor of this job holds {self.supervisor_lock_file}")
+
+    @contextlib.contextmanager
+    def scheduled_run(self):
+        """A scheduled (available-now) run of the job for the duration of the body, from before
+        its driver starts until it ends: ``supervisor.lock`` held shared, so a supervisor waits
+        for it (:meth:`supervising`) and it never starts beside one. Raises JobSupervised when a
+        supervisor keeps the job running continuously."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.supervisor_lock_file, "a+")
+        if not _flock(fh, 0, shared=True):
+            fh.close()
+            raise JobSupervised("the job runs continuously under its supervisor, which keeps every stage up to date")
         try:
             yield self
         finally:
@@ -292,7 +318,7 @@ class JobControl:
         if not self.supervisor_lock_file.exists():
             return False
         with open(self.supervisor_lock_file, "a+") as fh:
-            if not _flock(fh, 0):
+            if not _flock(fh, 0, shared=True):
                 return True
             fcntl.flock(fh, fcntl.LOCK_UN)
             return False
@@ -336,7 +362,8 @@ class JobControl:
         """The job at a micro-batch boundary for the duration of the body.
 
         A running job is paused (and resumed, or stopped if ``stop_after``);
-        an idle job is kept from starting by holding its lock. A job that ends
+        an idle job is kept from starting by holding its lock (and, if ``stop_after`` and its
+        supervisor is between two starts of its driver, asked to stop: the next start stops). A job that ends
         while the pause is awaited (an available-now run finishing) ended at a
         boundary too: it is then treated as idle. Yields what the paused job
         reported, or None if it was not running by then. Raises TimeoutError if
@@ -354,6 +381,8 @@ class JobControl:
             self.resume()  # the job ended instead of pausing, or never ran
             with self.running(timeout_s, holder="savepoint"):
                 yield None
+                if stop_after and self.is_supervised():
+                    self.request_stop()  # its supervisor, between two starts of its driver, starts none
             return
         try:
             yield paused

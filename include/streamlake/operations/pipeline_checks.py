@@ -254,16 +254,19 @@ class GoldCheckReport:
 
 def check_gold(spark, tables: dict[str, str], definition: PipelineDefinition, aggregate: Aggregate,
                start: dt.datetime | None = None, end: dt.datetime | None = None, *,
-               late_seen_through: int | None = None) -> GoldCheckReport:
+               late_seen_through: int | None = None, gold_version: int | None = None) -> GoldCheckReport:
     """See the module docstring. ``tables`` maps silver and the aggregate's gold and late
     tables to paths; ``late_seen_through``: the silver version up to which late events must
-    be applied (a backfill's pinned version); None checks windows only."""
+    be applied (a backfill's pinned version); None checks windows only. Gold is compared at
+    one snapshot, ``gold_version`` (None: the latest when the check starts), against silver at
+    the version that snapshot consumed, so a gold commit made meanwhile (a running job's)
+    cannot pair newer gold rows with older silver."""
     from pyspark.sql import functions as F
 
     from streamlake.pipeline.gold import aggregate_fixed, window_pairs
 
     gold_path, late_path = tables[aggregate.gold_table], tables[aggregate.late_table]
-    gold = open_table(gold_path)
+    gold = open_table(gold_path, gold_version)
     version = consumed_version(gold, "silver")
     report = GoldCheckReport(aggregate.name, start.isoformat() if start else None, end.isoformat() if end else None,
                              version)
@@ -294,7 +297,7 @@ def check_gold(spark, tables: dict[str, str], definition: PipelineDefinition, ag
     in_range = _in_range(lo_us, hi_us, inner=window.is_session, pad=pad if window.is_session else 0)
     recomputed = recomputed.where(in_range)
     avgs = [m.column for m in aggregate.measures if m.function == "avg"]
-    gold_rows = read_table(spark, gold_path, gold_spec(definition, aggregate)).select(
+    gold_rows = read_table(spark, gold_path, gold_spec(definition, aggregate), gold.version()).select(
         *[F.col(f"`{k}`") for k in keys], F.unix_micros("window_start").alias("_wstart"),
         F.unix_micros("window_end").alias("_wend"), *[F.col(f"`{c}`").alias(f"g{c}") for c in compared],
         *[F.col(f"`{c}`").alias(f"g{c}") for c in avgs]).where(in_range)

@@ -26,7 +26,7 @@ from streamlake.operations.supervisor import JobFailed, RestartStrategy, Supervi
 log = logging.getLogger(__name__)
 
 PIPELINE_APPLICATION = "pipeline.py"
-AVAILABLE_NOW_WAIT_S = 3600.0  # how long a supervisor waits for an available-now run of its job to end
+AVAILABLE_NOW_WAIT_S = 3600.0  # how long a supervisor waits for scheduled runs of its job to end
 
 
 def application() -> str:
@@ -152,14 +152,11 @@ def run_supervised(job: JobSpec, strategy: RestartStrategy, run_once: Callable[[
     """Keep the job running under ``strategy`` until it is stopped on request (returns)
     or the strategy gives up (GaveUp). The job is marked supervised meanwhile
     (:meth:`~streamlake.operations.control.JobControl.supervising`: a scheduled run leaves it
-    alone). An available-now run of the job in progress (a scheduled run's) is waited for
-    first, up to :data:`AVAILABLE_NOW_WAIT_S`: it ends by itself. Raises TimeoutError when
-    another supervisor or that run does not end in time."""
+    alone); scheduled runs of the job in progress are waited for first, up to
+    :data:`AVAILABLE_NOW_WAIT_S` (they end by themselves). Raises TimeoutError when they or
+    another supervisor do not end in time."""
     control = job.control
-    with control.supervising():
-        if control.is_running() and control.read_state().get("mode") == "available-now":
-            log.info("waiting for the job's available-now run to end before supervising it")
-            control.wait_stopped(AVAILABLE_NOW_WAIT_S)
+    with control.supervising(AVAILABLE_NOW_WAIT_S, report=log.info):
         control.stop_file.unlink(missing_ok=True)
         log.info("supervising %s with restart strategy %s", job.name, strategy.describe())
         try:

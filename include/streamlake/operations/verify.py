@@ -153,31 +153,38 @@ def _timed(fn, *args, **kwargs):
 def _check_gold_since_last(spark, job: JobSpec, aggregate):
     """:func:`~streamlake.operations.pipeline_checks.check_gold` of ``aggregate`` for the
     event times its gold can have changed since its last passing check (None: nothing can
-    have changed, no check)."""
+    have changed, no check), both read at one snapshot of gold: rows gold consumes while the
+    check runs are the next check's, none is skipped."""
+    from streamlake.delta.table import open_table
     from streamlake.operations.pipeline_checks import check_gold
 
-    start = _changed_event_times(spark, job, aggregate, _last_passing(job, "gold", aggregate.name))
+    try:
+        gold = open_table(job.table_path(aggregate.gold_table))
+    except FileNotFoundError:
+        gold = None  # no gold yet: check_gold says so
+    start = _changed_event_times(spark, job, aggregate, _last_passing(job, "gold", aggregate.name), gold)
     if start is False:
         return None
-    return check_gold(spark, job.tables(), job.definition, aggregate, start)
+    return check_gold(spark, job.tables(), job.definition, aggregate, start,
+                      gold_version=gold.version() if gold is not None else None)
 
 
-def _changed_event_times(spark, job: JobSpec, aggregate, previous: dict | None):
+def _changed_event_times(spark, job: JobSpec, aggregate, previous: dict | None, gold):
     """Where ``aggregate``'s gold can have changed since its last gold check: the earliest
     event time of the silver rows gold consumed after the silver version that check compared
     against (None: everything; False: nothing). Rows silver holds and gold has not consumed
     yet cannot have changed gold: the next proof after gold consumes them covers them. Gold
-    restored to before the last check's version (a savepoint's restore): everything."""
+    restored to before the last check's version (a savepoint's restore): everything. ``gold``:
+    the snapshot of gold the check compares (None: no table)."""
     from pyspark.sql import functions as F
 
     from streamlake.delta.changes import read_changes
-    from streamlake.delta.table import open_table
     from streamlake.operations.pipeline_checks import consumed_version
 
-    if not previous or previous.get("silver_version") is None:
+    if not previous or previous.get("silver_version") is None or gold is None:
         return None
     since = int(previous["silver_version"])
-    consumed = consumed_version(open_table(job.table_path(aggregate.gold_table)), "silver")
+    consumed = consumed_version(gold, "silver")
     if consumed is None or consumed < since:
         return None
     if consumed == since:

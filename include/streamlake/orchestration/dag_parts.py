@@ -53,11 +53,13 @@ def resumed_run_conf(state: dict, spark_conn_id: str, after: str, settings: dict
 
 def current_state(job: str) -> dict:
     """The job's state as an operation's XCom gives it (``job``, ``mode``, ``job_was_running``),
-    read now: for the run an operation starts before it stops the job."""
+    read now: for the run an operation starts before it stops the job. A job whose supervisor
+    is between two starts of its driver is running."""
     from streamlake.operations.jobs import load_job
 
     control = load_job(job).control
-    return {"job": job, "mode": control.read_state().get("mode"), "job_was_running": control.is_running()}
+    return {"job": job, "mode": control.read_state().get("mode"),
+            "job_was_running": control.is_running() or control.is_supervised()}
 
 
 def rescale_settings(params) -> dict:

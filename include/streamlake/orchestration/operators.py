@@ -231,6 +231,24 @@ class JobRunOperator(_ConnectFirstOperator):
         self.settings = settings
         self.handover = handover
 
+    def execute(self, context) -> None:
+        """The run, as a scheduled run of the job (:meth:`~streamlake.operations.control.JobControl.scheduled_run`):
+        skipped, with the reason, when a supervisor keeps the job running continuously (it keeps
+        every stage up to date); a run that completes a restore or rescale then fails instead
+        (a continuous run was started after the operation's trigger: stop it, run it again)."""
+        from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+
+        from streamlake.operations.control import JobSupervised
+
+        try:
+            with self.job_spec().control.scheduled_run():
+                return super().execute(context)
+        except JobSupervised as exc:
+            if self.resumes:
+                raise AirflowException(f"this run completes a {self.resumes} but {exc}: stop the continuous run, "
+                                       "then clear this task") from None
+            raise AirflowSkipException(f"this scheduled run has nothing to do: {exc}") from None
+
     def job_spec(self):
         from streamlake.orchestration.tasks import resumed_job
 

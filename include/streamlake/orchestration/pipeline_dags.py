@@ -116,8 +116,8 @@ before it touches a table (its log says when).
 
 Two runs at a time, each task of them one run at a time: the next run's job starts while the run
 before it still proves itself, so a restore's or rescale's run never waits for a proof, and two runs'
-jobs never run side by side. A scheduled run while a supervisor runs the job continuously does nothing
-(`choose_mode` says so; the continuous job keeps every stage up to date).
+jobs never run side by side. A scheduled run while a supervisor runs the job continuously does nothing:
+its `ingest_available_now` is skipped and says why (the continuous job keeps every stage up to date).
 """
     tables = stage_outputs(job.name)
     topics = topic_assets(job.name)
@@ -158,12 +158,9 @@ jobs never run side by side. A scheduled run while a supervisor runs the job con
     ) as dag:
 
         @task.branch(task_id="choose_mode")
-        def choose_mode(params: dict, dag_run=None) -> list[str]:
-            """Scheduled -> one available-now run (none while a supervisor runs the job
-            continuously); continuous -> the supervisor."""
-            from streamlake.orchestration.tasks import choose_mode
-
-            return choose_mode(job.name, params["mode"], (dag_run.conf or {}).get(RESUMES_CONF_KEY))
+        def choose_mode(params: dict) -> str:
+            """Scheduled -> one available-now run; continuous -> the supervisor."""
+            return "ingest_available_now" if params["mode"] == "scheduled" else "supervise_continuous"
 
         ingest = JobRunOperator(
             task_id="ingest_available_now", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}",

@@ -44,22 +44,6 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, sett
     return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
 
 
-def choose_mode(job_name: str, mode: str, resumes: str | None) -> list[str]:
-    """The ingest DAG's branch: ``scheduled`` -> ``ingest_available_now``, ``continuous`` ->
-    ``supervise_continuous``. A scheduled run that completes no operation (``resumes`` empty)
-    while a supervisor keeps the job running continuously has nothing to do: nothing (every
-    later task skipped, the log says why). A run that completes a restore or rescale always runs."""
-    from streamlake.operations.jobs import load_job
-
-    if mode != "scheduled":
-        return ["supervise_continuous"]
-    if not resumes and load_job(job_name).control.is_supervised():
-        log.info("job %s runs continuously under its supervisor, which keeps every stage up to date: "
-                 "this scheduled run has nothing to do", job_name)
-        return []
-    return ["ingest_available_now"]
-
-
 def resumed_job(job_name: str, settings: dict | None):
     """The job a run starts: its spec, on ``settings`` where given (the run a rescale starts
     before it stops the job: the spec gets them only when the rescale hands the job over)."""
