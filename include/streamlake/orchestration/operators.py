@@ -247,7 +247,9 @@ class JobRunOperator(_ConnectFirstOperator):
             if self.resumes:
                 raise AirflowException(f"this run completes a {self.resumes} but {exc}: stop the continuous run, "
                                        "then clear this task") from None
-            raise AirflowSkipException(f"this scheduled run has nothing to do: {exc}") from None
+            reason = f"this scheduled run has nothing to do: {exc}"
+            self.log.info("%s", reason)  # Airflow logs a skip without its message
+            raise AirflowSkipException(reason) from None
 
     def job_spec(self):
         from streamlake.orchestration.tasks import resumed_job

@@ -65,8 +65,12 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(root / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        # 2 cores: a handful of concurrent tasks; Spark jobs bring their own JVMs.
-        "AIRFLOW__CORE__PARALLELISM": "4",
+        # Tasks at once. Most running tasks wait: on their Spark job (a JVM of its own, in the
+        # Spark pool's slot per core) or as a client of the Spark Connect server (a verify, a
+        # quality validation: 10-50 s each under load). With two runs of each ingest DAG at a time,
+        # 4 slots were all such proofs on `make run` (2026-12-04 23:19) and a rescale's first task
+        # waited 17 s for one; the operations' short tasks must not queue behind proofs.
+        "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         **SQLITE_SETTINGS,
