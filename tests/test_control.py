@@ -270,7 +270,7 @@ def test_a_job_that_reaches_no_boundary_times_out_and_the_pause_is_withdrawn(con
         thread.join(10)
 
 
-def test_proofs_of_one_job_run_one_at_a_time_and_a_stuck_one_only_delays_the_next(control):
+def test_proofs_of_one_job_run_one_at_a_time_per_part_and_a_stuck_one_only_delays_the_next(control):
     order, first_in = [], threading.Event()
     release = threading.Event()
 
@@ -297,6 +297,19 @@ def test_proofs_of_one_job_run_one_at_a_time_and_a_stuck_one_only_delays_the_nex
     thread.join(10)
     second.join(10)
     assert order == ["first starts", "first ends", "second starts"]
+
+    # A run's checks do not wait for the previous run's quality validation, nor the other way round.
+    with control.proving(part="quality"):
+        started = time.monotonic()
+        with control.proving(timeout_s=5.0):
+            assert time.monotonic() - started < 1.0, "checks wait only for checks"
+    with control.proving():
+        started = time.monotonic()
+        with control.proving(timeout_s=5.0, part="quality"):
+            assert time.monotonic() - started < 1.0, "a validation waits only for a validation"
+    with pytest.raises(ValueError):
+        with control.proving(part="everything"):
+            pass
 
     # A proof that holds the lock past the timeout delays the next one by that long, no more.
     with control.proving():

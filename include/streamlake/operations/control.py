@@ -139,14 +139,19 @@ class JobControl:
             fh.close()
 
     @contextlib.contextmanager
-    def proving(self, timeout_s: float = 900.0):
-        """One proof (``streamlake.operations.verify.verify_job``) of the job at a time: a
-        second one waits for the first and then checks only what the first did not cover (two
-        proofs of the same tables side by side each did the whole work, e.g. a stop-with-savepoint's
-        and the stopped run's). Waits up to ``timeout_s``, then proves without the lock (a warning:
-        the proofs are then only slower, never wrong: each reads committed versions)."""
+    def proving(self, timeout_s: float = 900.0, part: str = "checks"):
+        """One proof (``streamlake.operations.verify.verify_job``) of the job at a time, per
+        ``part``: ``checks`` (the consistency checks) or ``quality`` (the validation), which
+        read and record different things, so a run's checks need not wait for the previous
+        run's validation. A second proof waits for the first and then covers only what the
+        first did not (two proofs of the same tables side by side each did the whole work, e.g.
+        a stop-with-savepoint's and the stopped run's). Waits up to ``timeout_s``, then proves
+        without the lock (a warning: the proofs are then only slower, never wrong: each reads
+        committed versions)."""
+        if part not in ("checks", "quality"):
+            raise ValueError(f"a proof's part is checks or quality, not {part!r}")
         self.dir.mkdir(parents=True, exist_ok=True)
-        fh = open(self.dir / "proof.lock", "a+")
+        fh = open(self.dir / ("proof.lock" if part == "checks" else "quality.lock"), "a+")
         held = False
         try:
             held = _flock(fh, timeout_s)

@@ -55,11 +55,17 @@ def verify_job(spark, job: JobSpec, operation: str, *, context: Mapping | None =
     """Run and record every check (``checks``) and the quality validation (``quality``) for
     ``job`` after ``operation`` (see the module docstring). Returns a JSON-able summary; raises
     ConsistencyError when a check failed, QualityError when a critical expectation failed
-    (every result recorded first), ValueError when asked for neither. Proofs of one job run
-    one at a time (``JobControl.proving``): the later one covers what changed since."""
+    (every result recorded first), ValueError when asked for neither. The checks of one job
+    run one at a time, and so do its validations (``JobControl.proving``): the later one covers
+    what changed since; a run's checks do not wait for the previous run's validation."""
+    import contextlib
+
     if not (checks or quality):
         raise ValueError("verify_job needs checks, quality or both")
-    with job.control.proving():
+    with contextlib.ExitStack() as held:
+        for part, wanted in (("checks", checks), ("quality", quality)):  # always in this order
+            if wanted:
+                held.enter_context(job.control.proving(part=part))
         return _verify(spark, job, operation, context=context, expected_offsets=expected_offsets,
                        bronze_version=bronze_version, checks=checks, quality=quality, job_running=job_running)
 
