@@ -14,7 +14,10 @@ old. Steps:
 2. **throughput_before**, beside it: median rows/s of the job's last micro-batches, read
    from its progress log (it waits for nothing).
 3. **savepoint_and_stop**, once the run of step 1 exists (its mode is the job's before the
-   stop): savepoint at a micro-batch boundary, job stopped.
+   stop): savepoint at a micro-batch boundary, job stopped. It announces the handover first:
+   from then until the run of step 1 holds the job, any other run that would start the job
+   (a scheduled run of `ingest_<pipeline>` that got its slot first) leaves it alone and is
+   skipped, saying why, so nothing runs on the old settings after the stop.
 4. **apply_settings**: the job spec gets the new resources: total executor cores
    (`spark.cores.max`), cores per executor, input splits (`minPartitions`: Kafka ranges
    split across tasks), `maxOffsetsPerTrigger`, the number of partitions of gold's
@@ -84,10 +87,12 @@ with DAG(
         return throughput(params["job"])
 
     @task(task_id="savepoint_and_stop", on_failure_callback=refuse_handover)
-    def savepoint_and_stop(params: dict) -> dict:
-        """Stop-with-savepoint at a micro-batch boundary."""
-        from streamlake.orchestration.tasks import take_savepoint
+    def savepoint_and_stop(params: dict, run_id: str) -> dict:
+        """Stop-with-savepoint at a micro-batch boundary, the handover announced first: from then
+        on no other run starts the job before the run `resume` started."""
+        from streamlake.orchestration.tasks import announce_handover, take_savepoint
 
+        announce_handover(params["job"], run_id)
         return take_savepoint(params["job"], stop=True, note="rescale")
 
     @task(task_id="apply_settings", on_failure_callback=refuse_handover)

@@ -237,9 +237,12 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
         out_cli, _ = running.communicate(timeout=120)
         assert running.returncode == 0, f"the running job stops with the savepoint: {out_cli[-2000:]}"
         # That run, as the scheduler would run it (`dags test` does not run triggered runs), on the
-        # cluster with the new resources; available-now rather than continuous so that it ends.
+        # cluster with the new resources; available-now rather than continuous so that it ends. It
+        # takes the rescale's handover, which binds the job until then (no other run starts it).
+        operation, handover = load_job(job.name).control.pending_handover()
+        assert handover["handed_over"], handover
         code, out = dags_test(f"ingest_{job.name}", {"mode": "scheduled", "spark_conn_id": "spark_cluster",
-                                                     "resumes": "rescale"}, env=cluster_conn)
+                                                     "resumes": "rescale", "handover": operation}, env=cluster_conn)
         assert code == 0, out[-4000:]
     finally:
         producer.join(120)

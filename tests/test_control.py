@@ -404,6 +404,46 @@ def test_a_handover_is_awaited_and_a_refusal_or_silence_ends_the_wait(control):
     assert control.handover_file("manual__2026-12-04T16:06:39+00:00/x").parent == control.dir / "handovers"
 
 
+def test_an_announced_handover_keeps_every_other_run_off_the_job_until_its_run_takes_it(control):
+    """From the rescale's announcement (before its stop) until the run it started holds the job,
+    any other driver that takes the job lock leaves the job alone (claim raises HandoverPending)
+    and the awaiting run goes on waiting; once that run claims it, other runs start again. A
+    refused handover binds nothing, nor one announced longer than HANDOVER_BINDING_S ago (an
+    operation killed without a word)."""
+    import json
+
+    from streamlake.operations import control as control_module
+    from streamlake.operations.control import HandoverPending
+
+    control.claim()  # nothing announced: any run may start the job
+    assert control.pending_handover() is None
+    control.announce_handover("manual__r")
+    with pytest.raises(HandoverPending, match="manual__r is stopping the job for a run of its own"):
+        control.claim()
+    with pytest.raises(HandoverPending):
+        control.check_no_handover_pending()
+    with pytest.raises(control_module.HandoverRefused, match="announced only"):
+        control.await_handover("manual__r", timeout_s=0.3, poll_s=0.05)  # announced is not handed over
+    control.hand_over("manual__r", savepoint="sp-2")
+    with pytest.raises(HandoverPending, match="manual__r has handed the stopped job over to a run of its own"):
+        control.claim()  # handed over, not yet taken by its run
+    assert control.await_handover("manual__r", timeout_s=5)["savepoint"] == "sp-2"
+    control.claim("manual__r")  # its run, holding the job lock
+    control.claim()
+    assert control.pending_handover() is None
+
+    control.announce_handover("manual__s")
+    control.refuse_handover("manual__s", "its task savepoint_and_stop failed")
+    control.claim()
+    control.announce_handover("manual__t")
+    path = control.handover_file("manual__t")
+    announced = json.loads(path.read_text())
+    assert control.pending_handover() == ("manual__t", announced)
+    path.write_text(json.dumps({**announced, "announced_at": announced["announced_at"]
+                                - control_module.HANDOVER_BINDING_S - 1}))
+    control.claim()
+
+
 def test_the_rescale_refuses_the_handover_when_its_task_fails(tmp_path, monkeypatch):
     """The rescale DAG's on_failure_callback (tasks.refuse_handover) names the failed task and
     its error in the refusal the waiting run reports."""
@@ -429,8 +469,9 @@ def test_a_run_started_before_the_stop_touches_nothing_until_the_handover(spark,
     """The run a rescale starts while it stops the job (jobs/pipeline.py --await-handover, here
     on the test session's Spark Connect server): its driver has its session, but writes no
     table and holds no job lock until the operation hands the job over; then it runs, exactly
-    once. Refused (the rescale failed), it ends with exit status 2 and the reason, having
-    written nothing."""
+    once, and another run started after the announcement and before then leaves the job alone.
+    Refused (the rescale failed), it ends with exit status 2 and the reason, having written
+    nothing."""
     import subprocess
     import sys
 
@@ -456,11 +497,22 @@ def test_a_run_started_before_the_stop_touches_nothing_until_the_handover(spark,
     assert proc.poll() is None and not control.is_running(), "".join(lines)[-3000:]
     assert not (root / "bronze").exists()
     if outcome == "handed over":
+        # The rescale announces the handover before its stop; a scheduled run's driver that takes
+        # the job lock meanwhile (it got its slot first) leaves the job alone: exit status 3,
+        # nothing written, while the awaiting run goes on waiting.
+        control.announce_handover("manual__r1")
+        other = subprocess.run([sys.executable, str(project_root() / "jobs" / "pipeline.py"), "--topic", topic_name,
+                                "--root", str(root), "--available-now", "--remote",
+                                f"sc://127.0.0.1:{SPARK_CONNECT_PORT}"], capture_output=True, text=True, timeout=180)
+        assert other.returncode == 3, other.stdout[-3000:] + other.stderr[-3000:]
+        assert "not started: operation manual__r1 is stopping the job for a run of its own" in other.stdout
+        assert not (root / "bronze").exists() and proc.poll() is None
         control.hand_over("manual__r1", savepoint="sp-test")
         assert proc.wait(120) == 0, "".join(lines)[-3000:]
         reader.join(10)
         assert any("manual__r1 handed the job over" in line for line in lines)
         assert_exactly_once({"table": str(root / "bronze")}, topic_name, expected_rows=300)
+        assert control.pending_handover() is None  # taken by its run: scheduled runs start the job again
     else:
         control.refuse_handover("manual__r1", "its task savepoint_and_stop failed: TimeoutError")
         assert proc.wait(60) == 2, "".join(lines)[-3000:]

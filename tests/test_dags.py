@@ -229,6 +229,59 @@ def test_the_next_run_starts_its_job_while_the_one_before_proves_itself(dagbag, 
         task.resumes, task.settings, task._resumed_job = resumes, settings, None
 
 
+def test_a_scheduled_run_leaves_the_job_to_a_rescale_handing_it_over(dagbag, tmp_path, monkeypatch):
+    """Between a rescale's announcement (before its stop) and its run taking the job, a scheduled
+    run's job task is skipped, saying why: before its driver starts, or, when the announcement
+    came after that check, on its driver's exit status 3 (the driver's own check once it holds
+    the job lock: test_control, with a real driver). The driver is replaced here by the
+    application's failure as the Spark provider reports it (the boundary). A restore's run
+    fails instead; the rescale's own run is not held back."""
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+
+    from streamlake.operations.jobs import JobSpec, load_job, save_job
+    from streamlake.operations.runner import submit_exit_status
+    from streamlake.orchestration import operators
+
+    # How the Spark provider's hook reports a spark-submit's exit status (apache-airflow-providers-apache-spark).
+    assert submit_exit_status(AirflowException("Cannot execute: spark-submit --master x. Error code is: 3.")) == 3
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                     root=str(tmp_path / "orders")))
+    control = load_job("orders").control
+    task = dagbag.dags["ingest_orders"].get_task("ingest_available_now")
+    saved = task.resumes, task.settings, task.handover
+    started: list[str] = []
+
+    def driver(self, context):
+        started.append(self.handover)
+        if not self.handover:  # the announcement came while it started: its check, once it held the lock
+            raise operators.ApplicationFailed("Cannot execute: spark-submit ... Error code is: 3.", 3)
+
+    monkeypatch.setattr(operators._ConnectFirstOperator, "execute", driver)
+    try:
+        task.settings, task.resumes, task.handover, task._resumed_job = "", "", "", None
+        control.announce_handover("manual__r")
+        with pytest.raises(AirflowSkipException, match="this scheduled run has nothing to do: operation manual__r "
+                                                       "is stopping the job for a run of its own"):
+            task.execute({})
+        assert started == []  # skipped before its driver started
+        task.resumes, task._resumed_job = "restore", None
+        with pytest.raises(AirflowException, match="this run completes a restore but operation manual__r"):
+            task.execute({})
+        task.resumes, task.handover, task._resumed_job = "rescale", "manual__r", None
+        task.execute({})  # the rescale's own run
+        assert started == ["manual__r"]
+        control.claim("manual__r")  # (its driver, holding the job lock)
+        monkeypatch.setattr(control.__class__, "check_no_handover_pending", lambda self: None)
+        task.resumes, task.handover, task._resumed_job = "", "", None
+        with pytest.raises(AirflowSkipException, match="its driver found another operation handing the stopped job "
+                                                       "over"):
+            task.execute({})  # passed the check before the announcement; its driver exited with status 3
+    finally:
+        task.resumes, task.settings, task.handover = saved
+        task._resumed_job = None
+
+
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     """Every pipeline run (ingest: a Spark application, or the heavy work on the Spark Connect
     server) takes a slot of the pool ``streamlake platform`` sizes to the cores

@@ -164,6 +164,14 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     assert restores and restores[0]["savepoint"] == noted_id, "the default restores the newest savepoint"
     succeeded(rest, "rescale", rescale)
     succeeded(rest, "ingest_sensors", rescaled, RESUMED_RUN_TIMEOUT_S)
+    # The rescale announced its handover before the stop, handed the job over, and its run took it:
+    # nothing else started the job between (test_control), and scheduled runs start it again.
+    from streamlake.operations.jobs import JobSpec
+
+    control = JobSpec.from_dict(json.loads((live_platform.home / "jobs" / "sensors.json").read_text())).control
+    handover = json.loads(control.handover_file(rescale).read_text())
+    assert handover["announced_at"] <= handover["at"] <= handover["taken_at"], handover
+    assert control.pending_handover() is None
 
 
 def test_the_views_read_well_in_the_browser(live_platform, page):

@@ -1169,8 +1169,10 @@ def test_the_ingest_dag_runs_a_pipeline_on_s3_with_its_credentials_from_an_airfl
                                  "executor_cores": None, "min_partitions": 6, "max_offsets_per_trigger": 200,
                                  "gold_partitions": 3})
     assert "rescaled__" in out6, out6[-4000:]
+    operation, handover = load_job(name).control.pending_handover()  # binds the job until its run takes it
+    assert handover["handed_over"], handover
     out7 = dags_test(f"ingest_{name}", {"mode": "scheduled", "spark_conn_id": "spark_default",
-                                        "resumes": "rescale"})
+                                        "resumes": "rescale", "handover": operation})
     for proof in (f"EXACTLY ONCE: {len(producer.records) + 90} rows", "[rescale] job", "EVERY BRONZE ROW ONCE",
                   "GOLD EQUALS RECOMPUTE", "pipeline finished: bronze 90 rows"):
         assert proof in out7, (proof, out7[-4000:])

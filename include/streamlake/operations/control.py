@@ -25,8 +25,12 @@ pipeline job, ``<checkpoint>/streamlake`` for a bare ``streamlake ingest``):
     one JSON line per micro-batch of every stage;
 ``handovers/<operation>.json``
     written by an operation that stops the job and starts it again with a run it
-    triggered before the stop (a rescale): that run waits for it
-    (:meth:`JobControl.await_handover`) before it touches the tables.
+    triggered before the stop (a rescale): announced before the stop
+    (:meth:`JobControl.announce_handover`), then handed over or refused. That run
+    waits for it (:meth:`JobControl.await_handover`) before it touches the tables
+    and marks it taken once it holds ``job.lock``; from the announcement until then
+    every other driver that takes ``job.lock`` yields (:meth:`JobControl.claim`), so
+    nothing runs the job on the old settings between the stop and the handover.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ log = logging.getLogger(__name__)
 
 JOB_HOLDER = "job"  # what a job's driver writes into the lock file it holds (JobControl.running)
 HANDOVERS_KEPT_S = 7 * 24 * 3600  # a handover file older than this is removed when the next one is written
+# An announced handover binds other runs for this long at most: an operation killed without a
+# word (no handover, no refusal) or a run that never took its job must not keep the job from
+# every scheduled run for good. The run that awaits the handover gives up after as long
+# (jobs/pipeline.py HANDOVER_TIMEOUT_S).
+HANDOVER_BINDING_S = 900.0
 
 
 class JobSupervised(StreamLakeError):
@@ -56,6 +65,15 @@ class JobSupervised(StreamLakeError):
 class HandoverRefused(StreamLakeError):
     """The operation a run waits for failed, or did not hand the job over in time: the run
     must not start the job (the operation's log says why)."""
+
+
+class HandoverPending(StreamLakeError):
+    """Another operation is handing the stopped job over to a run it started (a rescale, to its
+    run on the new settings): this run must not start the job. A driver that meets it exits
+    with :attr:`exit_status` (an available-now run: the task is skipped) or as stopped (a
+    continuous run: its supervisor ends)."""
+
+    exit_status = 3
 
 
 def _flock(fh, timeout_s: float, poll_s: float = 0.5, shared: bool = False) -> bool:
@@ -247,16 +265,72 @@ class JobControl:
         """Where the operation ``operation`` (an id, e.g. a rescale's Airflow run id) hands the job over."""
         return self.dir / "handovers" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', operation)}.json"
 
+    def announce_handover(self, operation: str) -> None:
+        """The operation ``operation`` is about to stop the job and hand it over to the run it
+        started (before its stop): from now on every other driver that takes the job lock yields
+        (:meth:`claim`) until that run has taken the job, the operation refuses, or
+        :data:`HANDOVER_BINDING_S` passes. The awaiting run goes on waiting. Call it before the stop."""
+        self._write_handover(operation, {"pending": True, "announced_at": time.time()})
+
     def hand_over(self, operation: str, **info) -> None:
         """The operation ``operation`` is done with the job (stopped at a savepoint, new settings
         in place): the run waiting in :meth:`await_handover` may take the job lock and start.
         ``info`` (JSON-able) goes into the file. Removes handover files older than
         :data:`HANDOVERS_KEPT_S`."""
-        self._write_handover(operation, {"handed_over": True, "at": time.time(), **info})
+        now = time.time()
+        announced = self._read_handover(self.handover_file(operation)) or {}
+        self._write_handover(operation, {"handed_over": True, "at": now,
+                                         "announced_at": announced.get("announced_at", now), **info})
 
     def refuse_handover(self, operation: str, reason: str) -> None:
         """The operation ``operation`` failed: the run waiting for it ends with ``reason``."""
         self._write_handover(operation, {"handed_over": False, "at": time.time(), "reason": reason})
+
+    def pending_handover(self) -> tuple[str, dict] | None:
+        """The handover that binds the job now, as (its file's operation id, its content): announced
+        (:meth:`announce_handover`) or handed over, not refused, not yet taken by its run
+        (:meth:`claim`), announced less than :data:`HANDOVER_BINDING_S` ago. None when none does."""
+        folder = self.dir / "handovers"
+        if not folder.is_dir():
+            return None
+        now = time.time()
+        for path in sorted(folder.glob("*.json")):
+            content = self._read_handover(path)
+            if not content or content.get("taken_at") or not (content.get("pending") or content.get("handed_over")):
+                continue
+            if now - content.get("announced_at", content.get("at", 0)) < HANDOVER_BINDING_S:
+                return path.stem, content
+        return None
+
+    def claim(self, handover: str | None = None) -> None:
+        """Called by a driver that has just taken the job lock, before it touches a table.
+        ``handover``: the operation whose handover this driver awaited (:meth:`await_handover`):
+        the handover is marked taken (from then on any run may start the job again). Without:
+        :meth:`check_no_handover_pending`."""
+        if not handover:
+            self.check_no_handover_pending()
+            return
+        content = self._read_handover(self.handover_file(handover)) or {}
+        self._write_handover(handover, {**content, "taken_at": time.time(), "taken_by": os.getpid()})
+
+    def check_no_handover_pending(self) -> None:
+        """Raises HandoverPending while another operation's handover binds the job
+        (:meth:`pending_handover`): that operation stopped the job for a run of its own. A
+        scheduled run checks before it starts its driver, and its driver again once it holds the
+        job lock (:meth:`claim`), the check that counts."""
+        pending = self.pending_handover()
+        if pending:
+            operation, content = pending
+            state = "has handed the stopped job over to" if content.get("handed_over") else "is stopping the job for"
+            raise HandoverPending(f"operation {operation} {state} a run of its own (a rescale's, on the new "
+                                  f"settings), which starts the job next: this run leaves the job to it")
+
+    @staticmethod
+    def _read_handover(path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
 
     def _write_handover(self, operation: str, content: dict) -> None:
         path = self.handover_file(operation)
@@ -279,18 +353,15 @@ class JobControl:
         started = time.monotonic()
         reported = None
         while True:
-            try:
-                content = json.loads(path.read_text())
-            except (OSError, ValueError):
-                content = None
-            if content is not None:
+            content = self._read_handover(path)
+            if content is not None and not content.get("pending"):
                 if not content.get("handed_over"):
                     raise HandoverRefused(f"{operation} did not hand the job over: {content.get('reason')}")
                 return content
             waited = time.monotonic() - started
             if waited > timeout_s:
                 raise HandoverRefused(f"{operation} did not hand the job over within {timeout_s:g} s "
-                                      f"(nothing at {path})")
+                                      f"({'announced only' if content else 'nothing'} at {path})")
             if report and (reported is None or waited - reported >= 30):
                 report(f"waiting for {operation} to hand the job over ({waited:.0f} s so far)")
                 reported = waited

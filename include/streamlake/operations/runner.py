@@ -101,6 +101,14 @@ def failure_cause(job: JobSpec, exit_code: int | None, since: float) -> str:
     return f"exit code {exit_code}"
 
 
+def submit_exit_status(exc: BaseException) -> int | None:
+    """The exit status of the application in the error the Spark provider's SparkSubmitHook
+    raises when spark-submit fails (its message carries it: "Error code is: N"); None when the
+    error says none."""
+    found = re.search(r"Error code is: (-?\d+)", str(exc))
+    return int(found.group(1)) if found else None
+
+
 def _reap(job: JobSpec) -> None:
     """Kill what a failed run left behind (a driver whose JVM was killed) and wait for its lock."""
     if kill_job(job):
@@ -123,8 +131,7 @@ def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | N
         try:
             hook.submit(application())
         except Exception as exc:  # noqa: BLE001 - AirflowException carries the exit code in its text
-            code = re.search(r"Error code is: (-?\d+)", str(exc))
-            cause = failure_cause(job, int(code.group(1)) if code else None, started)
+            cause = failure_cause(job, submit_exit_status(exc), started)
             _reap(job)
             raise JobFailed(cause) from exc
 

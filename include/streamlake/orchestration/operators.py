@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.common.compat.sdk import AirflowException
 
 # The pool of the tasks that start a JVM (a pipeline run): ``streamlake platform``
 # sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
@@ -43,6 +44,15 @@ def connection_master(conn_id: str) -> str:
     conn = BaseHook.get_connection(conn_id)
     host = conn.host or ""
     return f"{host}:{conn.port}" if conn.port and not host.startswith("local") else host
+
+
+class ApplicationFailed(AirflowException):
+    """A job's application (``jobs/*.py``) ended with a non-zero ``exit_status``, as a
+    spark-submit of its own or a Spark Connect client."""
+
+    def __init__(self, message: str, exit_status: int | None):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class _JobSubmitOperator(SparkSubmitOperator):
@@ -95,7 +105,15 @@ class _JobSubmitOperator(SparkSubmitOperator):
         self._hook = None
         self.log.info("%s of job %s (%s under %s) via connection %s, resources %s", self.job_application, job.name,
                       " -> ".join(job.run_stages), job.root, self.spark_conn_id, job.spark_conf() or "defaults")
-        super().execute(context)
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            from streamlake.operations.runner import submit_exit_status
+
+            status = submit_exit_status(exc)
+            if status is None:
+                raise
+            raise ApplicationFailed(str(exc), status) from exc
 
 
 class _ConnectFirstOperator(_JobSubmitOperator):
@@ -159,7 +177,6 @@ class _ConnectFirstOperator(_JobSubmitOperator):
         return None
 
     def execute(self, context) -> None:
-        from airflow.providers.common.compat.sdk import AirflowException
         from airflow.providers.standard.hooks.subprocess import SubprocessHook
 
         from streamlake.operations.runner import spark_env
@@ -200,8 +217,8 @@ class _ConnectFirstOperator(_JobSubmitOperator):
                 connect_client_command(self.job_application, self.job_arguments(job), remote), env=env)
             code, lines = result.exit_code, [result.output]
         if code != 0:
-            raise AirflowException(f"{self.job_application} of job {job.name} failed "
-                                   f"(exit status {code}): {lines[0] if lines else ''}")
+            raise ApplicationFailed(f"{self.job_application} of job {job.name} failed "
+                                    f"(exit status {code}): {lines[0] if lines else ''}", code)
         return None
 
 
@@ -234,19 +251,32 @@ class JobRunOperator(_ConnectFirstOperator):
     def execute(self, context) -> None:
         """The run, as a scheduled run of the job (:meth:`~streamlake.operations.control.JobControl.scheduled_run`):
         skipped, with the reason, when a supervisor keeps the job running continuously (it keeps
-        every stage up to date); a run that completes a restore or rescale then fails instead
-        (a continuous run was started after the operation's trigger: stop it, run it again)."""
-        from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+        every stage up to date), or when another operation (a rescale) is handing the stopped job
+        over to a run of its own: before the driver starts, or by the driver once it holds the
+        job lock (its exit status 3: :class:`~streamlake.operations.control.HandoverPending`). A
+        run that completes a restore or rescale then fails instead (a continuous run, or another
+        rescale, was started after the operation's trigger: deal with it, then clear this task)."""
+        from airflow.providers.common.compat.sdk import AirflowSkipException
 
-        from streamlake.operations.control import JobSupervised
+        from streamlake.operations.control import HandoverPending, JobSupervised
 
+        control = self.job_spec().control
         try:
-            with self.job_spec().control.scheduled_run():
-                return super().execute(context)
-        except JobSupervised as exc:
+            with control.scheduled_run():
+                if not self.handover:
+                    control.check_no_handover_pending()  # before the driver starts; it checks again
+                try:
+                    return super().execute(context)
+                except ApplicationFailed as exc:
+                    if exc.exit_status != HandoverPending.exit_status or self.handover:
+                        raise
+                    raise HandoverPending("its driver found another operation handing the stopped job over to a "
+                                          "run of its own once it held the job lock (its log above names it)") \
+                        from None
+        except (JobSupervised, HandoverPending) as exc:
             if self.resumes:
-                raise AirflowException(f"this run completes a {self.resumes} but {exc}: stop the continuous run, "
-                                       "then clear this task") from None
+                raise AirflowException(f"this run completes a {self.resumes} but {exc}: deal with that, then "
+                                       "clear this task") from None
             reason = f"this scheduled run has nothing to do: {exc}"
             self.log.info("%s", reason)  # Airflow logs a skip without its message
             raise AirflowSkipException(reason) from None

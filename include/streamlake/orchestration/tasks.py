@@ -118,6 +118,17 @@ def apply_rescale(job_name: str, settings: dict) -> dict:
             "after": {k: after.to_dict()[k] for k in RESCALE_SETTINGS}}
 
 
+def announce_handover(job_name: str, operation: str) -> None:
+    """The operation ``operation`` (its run id) is about to stop the job for the run it started:
+    until that run takes the job, every other run that would start it leaves it alone
+    (:meth:`~streamlake.operations.control.JobControl.announce_handover`): nothing runs the job
+    on its old settings after the stop."""
+    from streamlake.operations.jobs import load_job
+
+    load_job(job_name).control.announce_handover(operation)
+    log.info("%s will hand job %s over to the run it started: other runs leave the job alone", operation, job_name)
+
+
 def hand_over(job_name: str, operation: str, **info) -> None:
     """The operation ``operation`` (its run id) is done with the stopped job: the run it started
     before the stop (waiting in :meth:`~streamlake.operations.control.JobControl.await_handover`)

@@ -60,8 +60,13 @@ class Stage(Protocol):
 
 def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available_now: bool,
                report: Callable[[str], None] = print, poll_s: float = 1.0, mode: str | None = None,
-               query_name: str = "", record: bool = True) -> dict:
+               query_name: str = "", record: bool = True, handover: str | None = None) -> dict:
     """Run ``stages`` until they end (available-now) or are stopped; see the module docstring.
+
+    Holds the job lock meanwhile and, once it has it, claims the job
+    (:meth:`~streamlake.operations.control.JobControl.claim`): ``handover`` names the operation
+    whose handover this run awaited (it marks it taken); a run without one raises
+    HandoverPending, having touched nothing, while another operation's handover binds the job.
 
     Returns a summary (batches and rows per stage, the stages' own counts summed:
     quarantined, duplicates, late...; seconds; whether stopped), recorded in the
@@ -71,6 +76,7 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
     totals = {stage.name: {"batches": 0, "rows": 0} for stage in stages}
     launched = time.time()
     with control.running():
+        control.claim(handover)
         control.clear_requests(older_than=launched)  # leftovers of earlier runs, not requests made now
         control.write_state(mode=mode or ("available-now" if available_now else "continuous"),
                             pid=os.getpid(), started_at=time.time(), query_name=query_name,
