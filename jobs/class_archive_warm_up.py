@@ -2,7 +2,10 @@
 class-data-sharing archive (see streamlake.spark.class_archive).
 
 It touches what the platform's jobs use: a session, SQL with a shuffle and windows,
-Arrow both ways, Python in tasks (mapInArrow), a streaming query with foreachBatch.
+Arrow both ways, Python in tasks (mapInArrow), a streaming query with foreachBatch,
+and what silver and gold add (a cold silver batch loaded some 3,200 classes from the jars
+without it): Python data sources (batch and streaming, Arrow batches), JSON parsing,
+the columnar cache, generated code (Janino), joins, Parquet written and read back.
 Its results are checked, so a broken Spark installation fails here, not in a job.
 """
 
@@ -10,6 +13,65 @@ from __future__ import annotations
 
 import sys
 import tempfile
+
+
+def _python_data_source(spark) -> str:
+    """A Python data source (batch and streaming, Arrow record batches), as the platform's own."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                        InputPartition)
+    from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+    class Reader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(i) for i in range(2)]
+
+        def read(self, partition):
+            ids = list(range(partition.value * 500, partition.value * 500 + 500))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(ids, pa.int64()),
+                 pa.array([f'{{"k": {i % 13}, "x": {i}.5, "s": "s{i % 5}"}}' for i in ids])], names=["id", "value"])
+
+    class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow, Reader):
+        """With admission control and available-now, as the platform's sources."""
+
+        def initialOffset(self):
+            return {"n": 0}
+
+        def getDefaultReadLimit(self) -> ReadLimit:
+            return ReadMaxRows(10_000)
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def latestOffset(self, start, limit):
+            return {"n": 1}
+
+        def partitions(self, start, end):
+            return Reader.partitions(self)
+
+        def read(self, partition):
+            return Reader.read(self, partition)
+
+        def commit(self, end):
+            pass
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls):
+            return "class-archive-warm-up"
+
+        def schema(self):
+            return "id long, value string"
+
+        def reader(self, schema):
+            return Reader()
+
+        def streamReader(self, schema):
+            return StreamReader()
+
+    spark.dataSource.register(Source)
+    return Source.name()
 
 
 def main() -> int:
@@ -31,13 +93,36 @@ def main() -> int:
         doubled = spark.range(100).withColumnRenamed("id", "v")
         assert doubled.mapInArrow(double, "v long").toArrow().column("v").to_pylist()[-1] == 198
 
+        source = _python_data_source(spark)
         seen: list[int] = []
-        with tempfile.TemporaryDirectory() as checkpoint:
-            query = (spark.readStream.format("rate").option("rowsPerSecond", 100).load()
-                     .writeStream.option("checkpointLocation", checkpoint)
-                     .foreachBatch(lambda df, _batch_id: seen.append(df.count()))
-                     .trigger(availableNow=True).start())
-            query.awaitTermination(120)
+        with tempfile.TemporaryDirectory() as tmp:
+            # silver's and gold's kind of work: a Python source's rows parsed from JSON, cached,
+            # de-duplicated against earlier rows (a join), aggregated, written as Parquet, read back
+            parsed = spark.read.format(source).load().select(
+                "id", F.from_json("value", "k int, x double, s string").alias("j"),
+                F.parse_json("value").alias("v")).select(
+                "id", "j.*", F.variant_get("v", "$.k", "int").alias("vk"),
+                F.translate("j.s", "s", "t").alias("t"), F.to_date(F.lit("2026-12-05")).alias("d"),
+                F.transform(F.sequence(F.lit(1), F.lit(2)), lambda c: c * F.col("j.x")).alias("xs")).cache()
+            earlier = parsed.where("id % 3 = 0").select(F.col("id").alias("seen"))
+            fresh = parsed.join(earlier, parsed.id == earlier.seen, "left_anti")
+            fresh.write.parquet(f"{tmp}/fresh")
+            by_key = spark.read.parquet(f"{tmp}/fresh").where("x > 0 OR vk IS NULL").groupBy("k", "s").agg(
+                F.count("*").alias("n"), F.sum("x"), F.min("id"), F.max("id"), F.avg("x"), F.first("t"),
+                F.last("d"))
+            fresh.sortWithinPartitions("k", "id").write.partitionBy("s").parquet(f"{tmp}/partitioned")
+            by_key.join(spark.range(13).withColumnRenamed("id", "k"), "k").write.parquet(f"{tmp}/by_key")
+            assert spark.read.parquet(f"{tmp}/by_key").agg(F.sum("n")).first()[0] == 1000 - 334
+            parsed.unpersist()
+
+            def batch(df, _batch_id):
+                seen.append(df.count())
+
+            for stream in (spark.readStream.format("rate").option("rowsPerSecond", 100).load(),
+                           spark.readStream.format(source).load()):
+                query = (stream.writeStream.option("checkpointLocation", f"{tmp}/checkpoint-{len(seen)}")
+                         .foreachBatch(batch).trigger(availableNow=True).start())
+                query.awaitTermination(120)
         print(f"warm-up done: {len(seen)} streaming batches")
     finally:
         spark.stop()
