@@ -40,7 +40,6 @@ from streamlake.operations.control import HandoverPending, JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
 from streamlake.pipeline.definition import check_rules
 from streamlake.pipeline.driver import describe_failure, platform_error, run_stages
-from streamlake.pipeline.ingest import begin_warm_up
 from streamlake.spark.session import get_spark
 
 # How long a run a rescale started waits for the rescale's handover: its savepoint may wait up to
@@ -70,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     control = JobControl(cfg.control_dir)
     spark = get_spark(f"pipeline:{cfg.query_name}", remote=args.remote)
+    # Imported once the session is up: the SparkContext asks a cluster for its executors first,
+    # whose JVMs start while this imports pyarrow and the Kafka client (0.4 s idle, about twice
+    # that on a busy machine: a rescale's catch-up waits for its new executors).
+    from streamlake.pipeline.ingest import begin_warm_up
+
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
         begin_warm_up(spark, cfg.bronze_config())  # the executors' Python starts while the driver sets up
