@@ -16,16 +16,16 @@ rescale's run id>``: it starts its session (and the executors' Python workers),
 then waits for the rescale to hand the stopped job over before it reads or
 writes a table (:meth:`streamlake.operations.control.JobControl.await_handover`).
 Any other run that takes the job lock while such a handover is pending (the
-rescale stopped the job for its own run) leaves the job alone: an available-now
-run exits with status 3, a continuous one as stopped (status 0), having touched
-nothing (:meth:`streamlake.operations.control.JobControl.claim`).
+rescale stopped the job for its own run) leaves the job alone, having touched
+nothing, and exits with status 3
+(:meth:`streamlake.operations.control.JobControl.claim`).
 
 Usually started by ``streamlake pipeline run``, a named job (``streamlake job
 run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
 a platform error (bad option or definition, a definition change that would make
 existing tables wrong, unknown topic, data loss, offset or position gap, change
-commit upstream, a handover refused or not given in time), 3 for an available-now
-run that left the job to another operation's handover, 1 for anything else.
+commit upstream, a handover refused or not given in time), 3 for a run that left
+the job to another operation's handover, 1 for anything else.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                              handover=args.await_handover)
     except HandoverPending as exc:
         print(f"pipeline: not started: {exc}", flush=True)
-        return HandoverPending.exit_status if cfg.available_now else 0  # continuous: stopped, its supervisor ends
+        return HandoverPending.exit_status
     except Exception as exc:  # noqa: BLE001 - turned into a readable message and an exit status
         message = describe_failure(exc)
         print(f"ERROR: {message}", file=sys.stderr, flush=True)

@@ -432,16 +432,47 @@ def test_an_announced_handover_keeps_every_other_run_off_the_job_until_its_run_t
     control.claim()
     assert control.pending_handover() is None
 
+    # Its run restarted later (a continuous run's supervisor) claims like any other run: a later
+    # rescale's binding keeps it off the job too. A retried hand_over or a late refusal of a
+    # handover its run took binds nothing again.
+    control.hand_over("manual__r", savepoint="sp-2")
+    control.refuse_handover("manual__r", "its task record failed")
+    assert control.handover_taken("manual__r") and control.pending_handover() is None
     control.announce_handover("manual__s")
+    with pytest.raises(HandoverPending, match="manual__s is stopping the job"):
+        control.claim("manual__r")
     control.refuse_handover("manual__s", "its task savepoint_and_stop failed")
     control.claim()
-    control.announce_handover("manual__t")
-    path = control.handover_file("manual__t")
-    announced = json.loads(path.read_text())
-    assert control.pending_handover() == ("manual__t", announced)
-    path.write_text(json.dumps({**announced, "announced_at": announced["announced_at"]
-                                - control_module.HANDOVER_BINDING_S - 1}))
+    control.claim("manual__r")
+
+    # A later rescale supersedes one whose run has not taken the job yet: that run leaves it to the later one's.
+    control.announce_handover("manual__u")
+    control.hand_over("manual__u", savepoint="sp-3")
+    control.announce_handover("manual__v")
+    assert control.pending_handover()[0] == "manual__v"
+    with pytest.raises(HandoverPending, match="manual__v is stopping the job"):
+        control.claim("manual__u")
+    control.hand_over("manual__v", savepoint="sp-4")
+    control.claim("manual__v")
     control.claim()
+
+    # Binding for HANDOVER_BINDING_S at most, from the announcement or, handed over, from then.
+    for stale in ("announced_at", "at"):
+        control.announce_handover(f"manual__t{stale}")
+        if stale == "at":
+            control.hand_over(f"manual__t{stale}")
+        path = control.handover_file(f"manual__t{stale}")
+        content = json.loads(path.read_text())
+        assert control.pending_handover() == (path.stem, content)
+        aged = {**content, stale: content[stale] - control_module.HANDOVER_BINDING_S - 1}
+        path.write_text(json.dumps(aged))
+        if stale == "at":  # announced long ago, handed over just now: still binding
+            path.write_text(json.dumps({**content, "announced_at": content["announced_at"]
+                                        - control_module.HANDOVER_BINDING_S - 1}))
+            assert control.pending_handover() is not None
+            path.write_text(json.dumps({**aged, "announced_at": aged["announced_at"]
+                                        - control_module.HANDOVER_BINDING_S - 1}))
+        control.claim()
 
 
 def test_the_rescale_refuses_the_handover_when_its_task_fails(tmp_path, monkeypatch):

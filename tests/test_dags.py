@@ -282,6 +282,56 @@ def test_a_scheduled_run_leaves_the_job_to_a_rescale_handing_it_over(dagbag, tmp
         task._resumed_job = None
 
 
+def test_a_continuous_run_leaves_the_job_to_a_rescale_handing_it_over(tmp_path, monkeypatch):
+    """A continuous run's driver that meets a rescale's binding exits with status 3 (with a real
+    driver: test_control); its supervisor does not restart it as after a failure, and the task is
+    skipped, saying why, or fails when the run completes a restore. The rescale's own continuous
+    run passes its handover to its driver until a start has taken it, then restarts like any
+    other run. spark-submit is replaced here by the Spark provider's hook reporting the exit
+    status (the boundary)."""
+    import airflow.providers.apache.spark.hooks.spark_submit as spark_submit
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+
+    from streamlake.operations.jobs import JobSpec, load_job, save_job
+    from streamlake.operations.runner import submit_with_airflow_hook
+    from streamlake.orchestration.tasks import supervise_continuous
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                     root=str(tmp_path / "orders")))
+    control = load_job("orders").control
+    starts: list[list[str]] = []
+    exit_status = {"value": 3}
+
+    class Hook:
+        def __init__(self, **kwargs):
+            starts.append(kwargs["application_args"])
+
+        def submit(self, application):
+            if exit_status["value"]:
+                raise AirflowException(f"Cannot execute: spark-submit {application}. "
+                                       f"Error code is: {exit_status['value']}.")
+
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", Hook)
+    strategy = {"kind": "fixed-delay", "attempts": 3, "delay_s": 0}
+    control.announce_handover("manual__r")
+    with pytest.raises(AirflowSkipException, match="this continuous run has nothing to do: the driver left the job "
+                                                   "alone: operation manual__r stopped it for a run of its own"):
+        supervise_continuous("orders", "spark_default", strategy)
+    assert len(starts) == 1, "not restarted as after a failure"
+    with pytest.raises(AirflowException, match="this run completes a restore but the driver left the job alone"):
+        supervise_continuous("orders", "spark_default", strategy, resumes="restore")
+
+    control.hand_over("manual__r")
+    starts.clear()
+    exit_status["value"] = 0  # stopped on request
+    run_once = submit_with_airflow_hook(load_job("orders"), "spark_default", None, "manual__r")
+    run_once()
+    control.claim("manual__r")  # (that driver, holding the job lock)
+    run_once()  # a restart
+    assert starts[0][-2:] == ["--await-handover", "manual__r"] and "--await-handover" not in starts[1]
+
+
 def test_spark_tasks_run_in_the_pool_the_platform_names(dagbag, monkeypatch):
     """Every pipeline run (ingest: a Spark application, or the heavy work on the Spark Connect
     server) takes a slot of the pool ``streamlake platform`` sizes to the cores

@@ -50,7 +50,7 @@ from streamlake.errors import StreamLakeError
 log = logging.getLogger(__name__)
 
 JOB_HOLDER = "job"  # what a job's driver writes into the lock file it holds (JobControl.running)
-HANDOVERS_KEPT_S = 7 * 24 * 3600  # a handover file older than this is removed when the next one is written
+HANDOVERS_KEPT_S = 7 * 24 * 3600  # an unused handover file older than this goes when the next one is written
 # An announced handover binds other runs for this long at most: an operation killed without a
 # word (no handover, no refusal) or a run that never took its job must not keep the job from
 # every scheduled run for good. The run that awaits the handover gives up after as long
@@ -70,8 +70,8 @@ class HandoverRefused(StreamLakeError):
 class HandoverPending(StreamLakeError):
     """Another operation is handing the stopped job over to a run it started (a rescale, to its
     run on the new settings): this run must not start the job. A driver that meets it exits
-    with :attr:`exit_status` (an available-now run: the task is skipped) or as stopped (a
-    continuous run: its supervisor ends)."""
+    with :attr:`exit_status`: a scheduled run's task or a continuous run's supervisor is then
+    skipped, saying why; a run that completes a restore or rescale fails."""
 
     exit_status = 3
 
@@ -269,56 +269,86 @@ class JobControl:
         """The operation ``operation`` is about to stop the job and hand it over to the run it
         started (before its stop): from now on every other driver that takes the job lock yields
         (:meth:`claim`) until that run has taken the job, the operation refuses, or
-        :data:`HANDOVER_BINDING_S` passes. The awaiting run goes on waiting. Call it before the stop."""
+        :data:`HANDOVER_BINDING_S` passes. The awaiting run goes on waiting. An earlier
+        operation's handover its run has not taken yet is superseded: that run then leaves the
+        job to this one. Call it before the stop."""
+        for other, content in self._bindings():
+            if other != self.handover_file(operation).stem:
+                self._write_handover(other, {**content, "superseded_by": operation})
         self._write_handover(operation, {"pending": True, "announced_at": time.time()})
 
     def hand_over(self, operation: str, **info) -> None:
         """The operation ``operation`` is done with the job (stopped at a savepoint, new settings
         in place): the run waiting in :meth:`await_handover` may take the job lock and start.
-        ``info`` (JSON-able) goes into the file. Removes handover files older than
-        :data:`HANDOVERS_KEPT_S`."""
+        ``info`` (JSON-able) goes into the file. Handing over again (a retried task) keeps what
+        the run or a later operation did with it (taken, superseded). Removes handover files
+        older than :data:`HANDOVERS_KEPT_S` no run took (a taken one tells a restart of the run
+        that took it not to wait again: :func:`streamlake.operations.runner.submit_with_airflow_hook`)."""
         now = time.time()
-        announced = self._read_handover(self.handover_file(operation)) or {}
+        prior = self._read_handover(self.handover_file(operation)) or {}
+        kept = {k: prior[k] for k in ("taken_at", "taken_by", "superseded_by") if k in prior}
         self._write_handover(operation, {"handed_over": True, "at": now,
-                                         "announced_at": announced.get("announced_at", now), **info})
+                                         "announced_at": prior.get("announced_at", now), **info, **kept})
 
     def refuse_handover(self, operation: str, reason: str) -> None:
-        """The operation ``operation`` failed: the run waiting for it ends with ``reason``."""
+        """The operation ``operation`` failed: the run waiting for it ends with ``reason``. Nothing
+        once its run has taken the job (a task failing after the handover)."""
+        if (self._read_handover(self.handover_file(operation)) or {}).get("taken_at"):
+            return
         self._write_handover(operation, {"handed_over": False, "at": time.time(), "reason": reason})
 
-    def pending_handover(self) -> tuple[str, dict] | None:
-        """The handover that binds the job now, as (its file's operation id, its content): announced
-        (:meth:`announce_handover`) or handed over, not refused, not yet taken by its run
-        (:meth:`claim`), announced less than :data:`HANDOVER_BINDING_S` ago. None when none does."""
+    def _bindings(self) -> list[tuple[str, dict]]:
+        """The handovers that bind the job now (see :meth:`pending_handover`), as (file's id, content)."""
         folder = self.dir / "handovers"
         if not folder.is_dir():
-            return None
-        now = time.time()
+            return []
+        now, found = time.time(), []
         for path in sorted(folder.glob("*.json")):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime >= HANDOVER_BINDING_S:  # written before the window: binds nothing
+                    continue
             content = self._read_handover(path)
-            if not content or content.get("taken_at") or not (content.get("pending") or content.get("handed_over")):
+            if (not content or content.get("taken_at") or content.get("superseded_by")
+                    or not (content.get("pending") or content.get("handed_over"))):
                 continue
-            if now - content.get("announced_at", content.get("at", 0)) < HANDOVER_BINDING_S:
-                return path.stem, content
-        return None
+            since = max(content.get("announced_at", 0), content.get("at", 0) if content.get("handed_over") else 0)
+            if now - since < HANDOVER_BINDING_S:
+                found.append((path.stem, content))
+        return found
+
+    def pending_handover(self, exclude: str | None = None) -> tuple[str, dict] | None:
+        """The handover that binds the job now, as (its file's operation id, its content): announced
+        (:meth:`announce_handover`) or handed over, not refused, not yet taken by its run
+        (:meth:`claim`), not superseded by a later one, announced (or, handed over, handed over)
+        less than :data:`HANDOVER_BINDING_S` ago; ``exclude``: an operation's own. None when
+        none does."""
+        skip = self.handover_file(exclude).stem if exclude else None
+        return next(((op, content) for op, content in self._bindings() if op != skip), None)
+
+    def handover_taken(self, operation: str) -> bool:
+        """Whether the run that awaited the operation's handover has taken the job (:meth:`claim`)."""
+        return bool((self._read_handover(self.handover_file(operation)) or {}).get("taken_at"))
 
     def claim(self, handover: str | None = None) -> None:
         """Called by a driver that has just taken the job lock, before it touches a table.
         ``handover``: the operation whose handover this driver awaited (:meth:`await_handover`):
-        the handover is marked taken (from then on any run may start the job again). Without:
-        :meth:`check_no_handover_pending`."""
-        if not handover:
-            self.check_no_handover_pending()
-            return
-        content = self._read_handover(self.handover_file(handover)) or {}
-        self._write_handover(handover, {**content, "taken_at": time.time(), "taken_by": os.getpid()})
+        the first claim marks it taken (from then on any run may start the job again). Any other
+        claim (a restart of a run that took its handover long ago, or whose operation a later
+        one superseded, or a run without one) is :meth:`check_no_handover_pending`, which raises
+        HandoverPending while another operation's handover binds the job."""
+        if handover:
+            content = self._read_handover(self.handover_file(handover)) or {}
+            if content.get("handed_over") and not content.get("taken_at") and not content.get("superseded_by"):
+                self._write_handover(handover, {**content, "taken_at": time.time(), "taken_by": os.getpid()})
+                return
+        self.check_no_handover_pending(exclude=handover)
 
-    def check_no_handover_pending(self) -> None:
+    def check_no_handover_pending(self, exclude: str | None = None) -> None:
         """Raises HandoverPending while another operation's handover binds the job
-        (:meth:`pending_handover`): that operation stopped the job for a run of its own. A
-        scheduled run checks before it starts its driver, and its driver again once it holds the
-        job lock (:meth:`claim`), the check that counts."""
-        pending = self.pending_handover()
+        (:meth:`pending_handover`; ``exclude``: this run's own operation): that operation stopped
+        the job for a run of its own. A scheduled run checks before it starts its driver, and its
+        driver again once it holds the job lock (:meth:`claim`), the check that counts."""
+        pending = self.pending_handover(exclude)
         if pending:
             operation, content = pending
             state = "has handed the stopped job over to" if content.get("handed_over") else "is stopping the job for"
@@ -337,7 +367,8 @@ class JobControl:
         path.parent.mkdir(parents=True, exist_ok=True)
         for old in path.parent.glob("*.json"):
             with contextlib.suppress(OSError):
-                if time.time() - old.stat().st_mtime > HANDOVERS_KEPT_S:
+                # a taken one stays: the supervisor of the run that took it may still restart it
+                if time.time() - old.stat().st_mtime > HANDOVERS_KEPT_S and not self.handover_taken(old.stem):
                     old.unlink()
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(content))

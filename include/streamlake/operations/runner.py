@@ -18,6 +18,7 @@ from typing import Callable
 import psutil
 
 from streamlake import config
+from streamlake.operations.control import HandoverPending
 from streamlake.operations.jobs import JobSpec
 from streamlake.pipeline.config import config_to_args
 from streamlake.spark.session import job_defaults, job_environment, job_path, python_executable, spark_defaults
@@ -116,22 +117,39 @@ def _reap(job: JobSpec) -> None:
     job.control.wait_stopped(60)
 
 
+def _yielded(job: JobSpec, exit_status: int | None) -> HandoverPending | None:
+    """The driver left the job to another operation's handover (its exit status 3, and a handover
+    binds the job): what the supervisor raises instead of a failure to restart after."""
+    if exit_status != HandoverPending.exit_status:
+        return None
+    pending = job.control.pending_handover()
+    return HandoverPending(f"the driver left the job alone: operation {pending[0] if pending else '(gone since)'} "
+                           "stopped it for a run of its own")
+
+
 def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | None = None,
                              await_handover: str | None = None) -> Callable[[], None]:
     """One continuous run of the job through the Spark provider's SparkSubmitHook; ``env``
     (e.g. an object store's credentials) goes to its environment, never its command line;
-    ``await_handover``: see :func:`job_args` (a restart finds the handover done)."""
+    ``await_handover``: see :func:`job_args`, until a start has taken the handover (a restart is
+    then a start like any other). Raises JobFailed (the supervisor restarts it), or
+    HandoverPending when the driver left the job to another operation's handover."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     def run() -> None:
+        handover = await_handover if await_handover and not job.control.handover_taken(await_handover) else None
         hook = SparkSubmitHook(conf=spark_conf(job), conn_id=conn_id,
-                               application_args=job_args(job, True, await_handover),
+                               application_args=job_args(job, True, handover),
                                env_vars={**spark_env(), **(env or {})}, name=f"streamlake:{job.name}")
         started = time.time()
         try:
             hook.submit(application())
         except Exception as exc:  # noqa: BLE001 - AirflowException carries the exit code in its text
-            cause = failure_cause(job, submit_exit_status(exc), started)
+            status = submit_exit_status(exc)
+            yielded = _yielded(job, status)
+            if yielded:
+                raise yielded from None
+            cause = failure_cause(job, status, started)
             _reap(job)
             raise JobFailed(cause) from exc
 
@@ -139,7 +157,8 @@ def submit_with_airflow_hook(job: JobSpec, conn_id: str, env: dict[str, str] | N
 
 
 def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
-    """One continuous run of the job with spark-submit as a child process (CLI)."""
+    """One continuous run of the job with spark-submit as a child process (CLI); raises as
+    :func:`submit_with_airflow_hook` does."""
     from streamlake.spark.session import spark_submit_command
 
     def run() -> None:
@@ -148,6 +167,9 @@ def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
         started = time.time()
         code = subprocess.call(cmd, env=job_environment())
         if code != 0:
+            yielded = _yielded(job, code)
+            if yielded:
+                raise yielded
             cause = failure_cause(job, code, started)
             _reap(job)
             raise JobFailed(cause)

@@ -181,7 +181,8 @@ its `ingest_available_now` is skipped and says why (the continuous job keeps eve
                 "kind": params["restart_strategy"], "attempts": params["restart_attempts"],
                 "delay_s": params["restart_delay_seconds"], "max_failures": params["max_failures_per_interval"],
                 "interval_s": params["failure_interval_seconds"]},
-                settings=conf.get(SETTINGS_CONF_KEY), handover=conf.get(HANDOVER_CONF_KEY))
+                settings=conf.get(SETTINGS_CONF_KEY), handover=conf.get(HANDOVER_CONF_KEY),
+                resumes=conf.get(RESUMES_CONF_KEY))
 
         operation = f"{{{{ dag_run.conf.get('{RESUMES_CONF_KEY}') or 'ingest-' ~ params.mode }}}}"
         verify = JobVerifyOperator(

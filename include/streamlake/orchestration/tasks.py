@@ -23,22 +23,35 @@ def run_context(extra: dict | None = None) -> dict:
 
 
 def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, settings: dict | None = None,
-                         handover: str | None = None) -> dict:
+                         handover: str | None = None, resumes: str | None = None) -> dict:
     """Keep the job running with a processing-time trigger; restart it by ``strategy``.
 
     ``settings``: see :func:`resumed_job`; ``handover``: the id of the rescale that started this
     run, which the driver waits for (:func:`~streamlake.operations.runner.job_args`). Returns when the
     job is stopped on request; raises GaveUp (failing the task and the DAG run) with the
-    strategy's reason when it stops restarting.
+    strategy's reason when it stops restarting. When its driver leaves the job to another
+    operation's handover (a rescale stopped the job for a run of its own), the task is skipped,
+    saying why, or fails when the run completes an operation (``resumes``: restore, rescale).
     """
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+
+    from streamlake.operations.control import HandoverPending
     from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
     from streamlake.operations.supervisor import RestartStrategy
 
     from streamlake.orchestration.hooks import job_store_environment
 
     job = resumed_job(job_name, settings)
-    result = run_supervised(job, RestartStrategy(**strategy),
-                            submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log), handover))
+    try:
+        result = run_supervised(job, RestartStrategy(**strategy),
+                                submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log), handover))
+    except HandoverPending as exc:
+        if resumes:
+            raise AirflowException(f"this run completes a {resumes} but {exc}: deal with that, then run it "
+                                   "again") from None
+        reason = f"this continuous run has nothing to do: {exc}"
+        log.info("%s", reason)  # Airflow logs a skip without its message
+        raise AirflowSkipException(reason) from None
     for i, cause in enumerate(result.causes, 1):
         log.info("restart %d cause: %s", i, cause)
     return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
