@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
+        if not args.await_handover:  # a rescale stopped the job for its own run meanwhile: leave before the
+            control.check_no_handover_pending()  # warm-up (run_stages checks again once it holds the job lock)
         begin_warm_up(spark, cfg.bronze_config())  # the executors' Python starts while the driver sets up
         if cfg.definition is not None:
             check_rules(spark, cfg.definition)
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pipeline: {args.await_handover} handed the job over (waited {time.monotonic() - waiting:.1f} s)",
                   flush=True)
         stages = cfg.build_stages()
+    except HandoverPending as exc:
+        print(f"pipeline: not started: {exc}", flush=True)
+        spark.stop()
+        return HandoverPending.exit_status
     except StreamLakeError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         control.write_state(last_failure={"at": time.time(), "message": f"{type(exc).__name__}: {exc}"})

@@ -475,6 +475,29 @@ def test_an_announced_handover_keeps_every_other_run_off_the_job_until_its_run_t
         control.claim()
 
 
+def test_a_driver_that_takes_the_job_lock_during_a_binding_touches_nothing(control):
+    """run_stages claims the job once it holds the job lock: during another operation's binding
+    it raises HandoverPending before it writes its state or starts a stage (a driver that passed
+    jobs/pipeline.py's earlier check before the announcement); the awaited run's first claim
+    goes through."""
+    from streamlake.operations.control import HandoverPending
+    from streamlake.pipeline.driver import run_stages
+
+    class Stage:
+        name = "bronze"
+
+        def start(self, spark, available_now):
+            raise AssertionError("no stage starts during another operation's binding")
+
+    control.announce_handover("manual__w")
+    with pytest.raises(HandoverPending, match="manual__w is stopping the job"):
+        run_stages(None, [Stage()], control, available_now=True, record=False)
+    assert control.read_state() == {} and not control.is_running()
+    control.hand_over("manual__w")
+    assert run_stages(None, [], control, available_now=True, record=False, handover="manual__w")["stages"] == {}
+    assert control.handover_taken("manual__w")
+
+
 def test_the_rescale_refuses_the_handover_when_its_task_fails(tmp_path, monkeypatch):
     """The rescale DAG's on_failure_callback (tasks.refuse_handover) names the failed task and
     its error in the refusal the waiting run reports."""
