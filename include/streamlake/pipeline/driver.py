@@ -65,7 +65,7 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
 
     Holds the job lock meanwhile and, once it has it, claims the job
     (:meth:`~streamlake.operations.control.JobControl.claim`): ``handover`` names the operation
-    whose handover this run awaited (it marks it taken); a run without one raises
+    whose handover this run awaited (its first claim marks it taken); any other run raises
     HandoverPending, having touched nothing, while another operation's handover binds the job.
 
     Returns a summary (batches and rows per stage, the stages' own counts summed:
