@@ -47,6 +47,9 @@ KINDS: list[tuple[str, re.Pattern]] = [(kind, re.compile(pattern)) for kind, pat
     ("Python: Spark streaming source runner", r"python_streaming_source_runner"),
     ("Python: Spark worker and planner daemons", r"-m pyspark\.(daemon|worker)\b"),
     ("Python: job driver (jobs/*.py)", r"/jobs/\w+\.py"),
+    # the fork server and its children, which keep its command line: Spark's Python daemons,
+    # workers and source runners, and the proofs' and backfills' Spark Connect clients
+    ("Python: forked by the fork server", r"-m streamlake\.platform\.fork_server\b"),
     ("producers", r"bin/streamlake produce\b"),
     ("streamlake CLI", r"bin/streamlake "),
     ("Python: pytest", r"bin/pytest |exec\(eval\(sys\.stdin|^\[pytest-xdist"),  # xdist workers: execnet's command
@@ -64,6 +67,8 @@ KINDS: list[tuple[str, re.Pattern]] = [(kind, re.compile(pattern)) for kind, pat
 
 
 def kind_of(cmdline: str) -> str:
+    if not cmdline.strip():  # kernel threads have no command line (kdamond took 58 CPU-s of a run)
+        return "kernel threads (not this project's)"
     for kind, pattern in KINDS:
         if pattern.search(cmdline):
             return kind
