@@ -256,9 +256,8 @@ class JobRunOperator(_ConnectFirstOperator):
         job lock (its exit status 3: :class:`~streamlake.operations.control.HandoverPending`). A
         run that completes a restore or rescale then fails instead (a continuous run, or another
         rescale, was started after the operation's trigger: deal with it, then clear this task)."""
-        from airflow.providers.common.compat.sdk import AirflowSkipException
-
         from streamlake.operations.control import HandoverPending, JobSupervised
+        from streamlake.orchestration.tasks import leave_the_job
 
         control = self.job_spec().control
         try:
@@ -274,12 +273,7 @@ class JobRunOperator(_ConnectFirstOperator):
                                           "run of its own once it held the job lock (its log above names it)") \
                         from None
         except (JobSupervised, HandoverPending) as exc:
-            if self.resumes:
-                raise AirflowException(f"this run completes a {self.resumes} but {exc}: deal with that, then "
-                                       "clear this task") from None
-            reason = f"this scheduled run has nothing to do: {exc}"
-            self.log.info("%s", reason)  # Airflow logs a skip without its message
-            raise AirflowSkipException(reason) from None
+            leave_the_job(exc, "scheduled", self.resumes, self.log)
 
     def job_spec(self):
         from streamlake.orchestration.tasks import resumed_job

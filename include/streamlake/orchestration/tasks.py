@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,6 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, sett
     operation's handover (a rescale stopped the job for a run of its own), the task is skipped,
     saying why, or fails when the run completes an operation (``resumes``: restore, rescale).
     """
-    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
-
     from streamlake.operations.control import HandoverPending
     from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
     from streamlake.operations.supervisor import RestartStrategy
@@ -46,15 +45,27 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, sett
         result = run_supervised(job, RestartStrategy(**strategy),
                                 submit_with_airflow_hook(job, spark_conn_id, job_store_environment(job, log), handover))
     except HandoverPending as exc:
-        if resumes:
-            raise AirflowException(f"this run completes a {resumes} but {exc}: deal with that, then run it "
-                                   "again") from None
-        reason = f"this continuous run has nothing to do: {exc}"
-        log.info("%s", reason)  # Airflow logs a skip without its message
-        raise AirflowSkipException(reason) from None
+        leave_the_job(exc, "continuous", resumes, log)
     for i, cause in enumerate(result.causes, 1):
         log.info("restart %d cause: %s", i, cause)
     return {"runs": result.runs, "restarts": result.restarts, "causes": result.causes}
+
+
+def leave_the_job(reason: Exception, run: str, resumes: str | None, logger) -> NoReturn:
+    """End the task of a run that found the job in other hands (``reason``: a supervisor keeps it
+    running, or another operation is handing it over to a run of its own): skipped, saying why,
+    for a ``run`` ("scheduled", "continuous") of the schedule or a user; failed when the run
+    completes an operation (``resumes``: restore, rescale), which must not pass for done.
+
+    Raises AirflowSkipException, or AirflowException when ``resumes``."""
+    from airflow.providers.common.compat.sdk import AirflowException, AirflowSkipException
+
+    if resumes:
+        raise AirflowException(f"this run completes a {resumes} but {reason}: deal with that, then clear "
+                               "this task") from None
+    message = f"this {run} run has nothing to do: {reason}"
+    logger.info("%s", message)  # Airflow logs a skip without its message
+    raise AirflowSkipException(message) from None
 
 
 def resumed_job(job_name: str, settings: dict | None):
