@@ -30,6 +30,7 @@ from urllib.parse import unquote
 from streamlake.delta.log import DeltaLog
 from streamlake.delta.table import open_table, read_object_store_files, snapshot_files
 from streamlake.errors import StreamLakeError
+from streamlake.spark.session import local_frame
 from streamlake.storage.location import is_object_store, join, normalize
 
 
@@ -143,7 +144,7 @@ def read_changes(spark, path: str | os.PathLike, from_version: int | None = None
     if schema is None:
         schema = table_schema(path, rng.to_version)
     if not files:
-        return spark.createDataFrame([], schema), rng
+        return local_frame(spark, [], schema), rng
     if is_object_store(path):
         return read_object_store_files(spark, normalize(path), schema, files, rng.to_version), rng
     return spark.read.schema(schema).option("basePath", os.path.abspath(os.fspath(path))).parquet(*files), rng

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from streamlake.errors import CommitConflictError
+from streamlake.spark.session import local_frame
 from streamlake.storage.location import is_object_store, normalize, storage_options
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ def read_files(spark, path: str | os.PathLike, spec: TableSpec, files: list[str]
 
     schema = from_arrow_schema(spec.schema)
     if not files:
-        return spark.createDataFrame([], schema)
+        return local_frame(spark, [], schema)
     if is_object_store(path):
         return read_object_store_files(spark, normalize(path), schema, files, version)
     return spark.read.schema(schema).option("basePath", str(path)).parquet(*files)

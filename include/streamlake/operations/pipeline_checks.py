@@ -29,6 +29,7 @@ from streamlake.pipeline.definition import Aggregate, PipelineDefinition
 from streamlake.pipeline.measures import compared_columns
 from streamlake.pipeline.schemas import QUARANTINE, gold_spec, late_spec, silver_spec
 from streamlake.pipeline.stage import committed_position
+from streamlake.spark.session import local_frame
 
 EXAMPLES = 5
 AVG_TOLERANCE = 1e-9
@@ -212,7 +213,7 @@ def _silver_ids_near(spark, silver_path: str, definition: PipelineDefinition, ev
 
     bounds = events.agg(F.min(F.unix_micros("_t")).alias("lo"), F.max(F.unix_micros("_t")).alias("hi")).first()
     if bounds.lo is None:
-        return spark.createDataFrame([], "_id string")
+        return local_frame(spark, [], "_id string")
     horizon = definition.dedup_horizon_ms * 1000
     silver = open_table(silver_path)
     files = files_overlapping(silver, definition.event_time, _dt(bounds.lo - horizon), _dt(bounds.hi + horizon))

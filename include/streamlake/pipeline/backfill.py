@@ -62,6 +62,7 @@ from streamlake.pipeline.measures import compared_columns, event_partial
 from streamlake.pipeline.schemas import gold_spec, late_spec, silver_spec
 from streamlake.pipeline.stage import committed_position, position_app_id
 from streamlake.pipeline.windows import merge_sessions
+from streamlake.spark.session import local_frame
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +222,8 @@ def recompute_fixed(spark, definition: PipelineDefinition, aggregate: Aggregate,
     t = F.unix_micros(F.col(f"`{definition.event_time}`"))
     events = read_files(spark, silver_path, spec, files, table.version()).where((t >= low) & (t < high))
     key_schema = ", ".join(f"`{k}` {definition.field(k).type.sql}" for k in aggregate.keys)
-    wanted = spark.createDataFrame([(*k, a, b) for k, a, b in windows],
-                                   (key_schema + ", " if key_schema else "") + "_wstart long, _wend long")
+    wanted = local_frame(spark, [(*k, a, b) for k, a, b in windows],
+                         (key_schema + ", " if key_schema else "") + "_wstart long, _wend long")
     pairs = window_pairs(events, aggregate.window, definition.event_time).join(
         F.broadcast(wanted), [*aggregate.keys, "_wstart", "_wend"])
     return partials_to_rows(aggregate_fixed(pairs, definition, aggregate, None))

@@ -171,6 +171,25 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def local_frame(spark, rows: Sequence[tuple], schema):
+    """A DataFrame of ``rows`` the driver holds (tuples in the order of ``schema``: a DDL string
+    or a StructType), built from Arrow as a local relation. From a list of Python rows, classic
+    PySpark converts them in a job of Python workers when the frame is first used (0.1-0.3 s
+    in a warm session, 1-3 s in a new one); from Arrow no job runs. A Spark Connect client
+    builds Arrow from the rows itself. Raises what Arrow raises for a value of the wrong type."""
+    if is_connect(spark):
+        return spark.createDataFrame(list(rows), schema)
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = schema if isinstance(schema, StructType) else _parse_datatype_string(schema)
+    arrow = to_arrow_schema(struct, timezone="UTC")  # instants; naive datetimes are read as UTC
+    columns = list(zip(*rows)) if rows else [()] * len(arrow)
+    table = pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, arrow)], schema=arrow)
+    return spark.createDataFrame(table, schema=struct)
+
+
 def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Mapping[str, str] | None = None,
               remote: str | None = None):
     """A SparkSession with the platform's defaults (reuses the active one if any).
