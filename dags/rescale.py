@@ -40,7 +40,9 @@ change a stateful checkpoint's state partitions, but there is no such state here
 parallelism can change and the results stay identical (sums are exact decimals).
 
 Works on `local[*]` and on the standalone cluster (`streamlake spark start`, connection
-`spark_cluster`), e.g. from one worker's cores to two.
+`spark_cluster`), e.g. from one core to two (the form's default: one executor of two cores,
+which a worker of `make run`'s cluster offers; settings no worker of the platform's cluster
+can host are refused before the stop, and the job keeps running).
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ with DAG(
                                            "(spark://127.0.0.1:7077) or spark_default (local[*])."),
         "total_executor_cores": Param(2, type=["null", "integer"], minimum=1, title="Total executor cores",
                                       description="spark.cores.max: cores the job may use on the cluster."),
-        "executor_cores": Param(1, type=["null", "integer"], minimum=1, title="Cores per executor",
-                                description="spark.executor.cores: cores of each executor (executors = total / this)."),
+        "executor_cores": Param(2, type=["null", "integer"], minimum=1, title="Cores per executor",
+                                description="spark.executor.cores: cores of each executor (executors = total / this). "
+                                            "Default: one executor of both cores, one JVM to start and warm."),
         "min_partitions": Param(None, type=["null", "integer"], minimum=1, title="Input splits",
                                 description="minPartitions: split Kafka offset ranges into at least this many tasks "
                                             "(empty: one task per partition)."),
@@ -89,9 +92,12 @@ with DAG(
     @task(task_id="savepoint_and_stop", on_failure_callback=refuse_handover)
     def savepoint_and_stop(params: dict, run_id: str) -> dict:
         """Stop-with-savepoint at a micro-batch boundary, the handover announced first: from then
-        on no other run starts the job before the run `resume` started."""
-        from streamlake.orchestration.tasks import announce_handover, take_savepoint
+        on no other run starts the job before the run `resume` started. Settings that cannot run
+        are refused before anything stops."""
+        from streamlake.orchestration.dag_parts import rescale_settings
+        from streamlake.orchestration.tasks import announce_handover, check_rescale_fits, take_savepoint
 
+        check_rescale_fits(params["job"], rescale_settings(params))  # refused here, the job keeps running
         announce_handover(params["job"], run_id)
         return take_savepoint(params["job"], stop=True, note="rescale")
 

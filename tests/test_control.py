@@ -393,9 +393,12 @@ def test_a_handover_is_awaited_and_a_refusal_or_silence_ends_the_wait(control):
     handed = control.await_handover("manual__a", timeout_s=30, poll_s=0.05, report=lines.append)
     assert handed["handed_over"] and handed["savepoint"] == "sp-1"
     assert 0.4 < time.monotonic() - started < 10 and lines and "manual__a" in lines[0]
+    assert control.handover_refusal("manual__a") is None and control.handover_refusal("manual__b") is None
     control.refuse_handover("manual__b", "its task savepoint_and_stop failed: TimeoutError")
     with pytest.raises(HandoverRefused, match="savepoint_and_stop failed"):
         control.await_handover("manual__b", timeout_s=30)
+    # what the run's task reads to fail for good (no retry: the refusal stays)
+    assert control.handover_refusal("manual__b") == "its task savepoint_and_stop failed: TimeoutError"
     started = time.monotonic()
     with pytest.raises(HandoverRefused, match="within 0.3 s"):
         control.await_handover("manual__c", timeout_s=0.3, poll_s=0.05)

@@ -405,6 +405,42 @@ def test_a_pipeline_run_has_a_jvm_of_its_own_only_where_it_needs_one():
     assert "only the Kafka read tasks write the files" in local.needs_own_jvm(on_store)
 
 
+def test_a_rescale_to_executors_no_worker_can_host_is_refused_before_the_stop(tmp_path, monkeypatch):
+    """The standalone master keeps an application whose executors no worker can host waiting
+    without end: the rescale refuses such settings before it stops the job (its first task,
+    savepoint_and_stop, which refuses the handover when it fails, and fails without retrying),
+    naming what the workers offer. Here the cluster's status is given (the running platform's cluster refuses one in
+    test_live_platform); a cluster this platform did not start is not inspected."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.orchestration.operators import connection_master
+    from streamlake.orchestration.tasks import check_rescale_fits
+    from streamlake.platform import spark_cluster
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    save_job(JobSpec(name="orders", definition_file=str(ROOT / "pipelines" / "orders.yaml"),
+                     root=str(tmp_path / "orders"), spark_conn_id="spark_cluster", total_executor_cores=1,
+                     executor_cores=1))
+    master = connection_master("spark_cluster")
+    offered = [1, 1]
+    monkeypatch.setattr(spark_cluster, "status", lambda: {"running": True, "master": master,
+                                                          "worker_cores": offered})
+    two = {"spark_conn_id": "spark_cluster", "total_executor_cores": 2, "executor_cores": 2}
+    with pytest.raises(AirflowFailException, match=f"the job keeps running: no alive worker of {master} offers 2 "
+                                                 r"cores \(its workers offer 1, 1\)"):
+        check_rescale_fits("orders", two)
+    check_rescale_fits("orders", {**two, "executor_cores": 1})  # two executors of one core each
+    offered[:] = [2, 2]
+    check_rescale_fits("orders", two)
+    offered[:] = [1, 1]
+    check_rescale_fits("orders", {**two, "spark_conn_id": "spark_default"})  # local: no executors to host
+    monkeypatch.setattr(spark_cluster, "status", lambda: {"running": False})
+    check_rescale_fits("orders", two)  # not this platform's cluster: nothing known of its workers
+    with pytest.raises(AirflowFailException, match="3 cores per executor but 2 in total"):
+        check_rescale_fits("orders", {**two, "executor_cores": 3})
+
+
 def test_a_check_falls_back_to_spark_submit_where_no_spark_connect_server_answers(monkeypatch, capsys):
     """The proof after an operation is a Spark Connect client where the connection's server
     answers (test_live_platform, test_airflow_e2e); where the connection is not defined, or its

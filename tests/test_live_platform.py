@@ -174,6 +174,34 @@ def test_every_dag_triggers_from_its_form_with_its_defaults_and_succeeds(live_pl
     assert control.pending_handover() is None
 
 
+def test_a_rescale_no_worker_can_host_is_refused_before_the_stop(live_platform):
+    """A rescale to executors of more cores than any worker of `make run`'s cluster offers
+    (Spark's master would keep such an application waiting without end): its first task refuses
+    it before the stop, naming what the workers offer, without retrying; the job keeps its
+    settings and its savepoints; the run the rescale started first ends without starting it."""
+    from streamlake.platform.spark_cluster import machine_cores
+
+    rest = live_platform.rest
+    spec_file = live_platform.home / "jobs" / "sensors.json"
+    before = json.loads(spec_file.read_text())
+    savepoints = len(rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1])
+    cores = machine_cores() + 1  # each worker offers the machine's cores
+    run_id = rest.trigger("rescale", {"job": "sensors", "total_executor_cores": cores, "executor_cores": cores})
+    assert rest.wait("rescale", run_id, OPERATION_TIMEOUT_S)["state"] == "failed"
+    refused = rest.task("rescale", run_id, "savepoint_and_stop")
+    assert refused["state"] == "failed" and refused["try_number"] == 1, refused
+    log = rest.task_log("rescale", run_id, "savepoint_and_stop", 1)
+    assert "refused before the stop, the job keeps running" in log, log[-3000:]
+    assert f"offers {cores} cores (its workers offer {machine_cores()}, {machine_cores()})" in log, log[-3000:]
+    assert json.loads(spec_file.read_text()) == before
+    assert len(rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1]) == savepoints
+    resumed = f"rescaled__{run_id}"
+    assert rest.wait("ingest_sensors", resumed, RESUMED_RUN_TIMEOUT_S)["state"] == "failed"
+    told = rest.task_log("ingest_sensors", resumed, "ingest_available_now",
+                         rest.tries("ingest_sensors", resumed, "ingest_available_now"))
+    assert "savepoint_and_stop failed" in told, told[-3000:]
+
+
 def test_the_views_read_well_in_the_browser(live_platform, page):
     """After the operations above: what a user reads in the StreamLake views."""
     from playwright.sync_api import expect

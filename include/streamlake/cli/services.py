@@ -92,8 +92,12 @@ def cmd_platform(args) -> int:
 
         from streamlake.platform import spark_cluster
 
-        cluster = spark_cluster.start(workers=2, cores_per_worker=1, port=args.spark_port, ui_port=args.spark_ui_port)
-        print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers, UI {cluster['ui']})")
+        # two workers, each offering the machine's cores: a job starts on one core, and a
+        # rescale's default executor holds two (spark_cluster.machine_cores)
+        cluster = spark_cluster.start(workers=2, port=args.spark_port, ui_port=args.spark_ui_port)
+        cores = " and ".join(map(str, cluster["worker_cores"]))
+        print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers of {cores} cores, "
+              f"UI {cluster['ui']})")
         for name, path in pipelines.items():
             if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
                 save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
@@ -270,7 +274,8 @@ def add_parsers(sub) -> None:
     sc = sub.add_parser("spark", help="Spark standalone cluster on 127.0.0.1: start, stop, status")
     sc.add_argument("action", choices=["start", "stop", "status"])
     sc.add_argument("--workers", type=int, default=2)
-    sc.add_argument("--cores-per-worker", type=int, default=1)
+    sc.add_argument("--cores-per-worker", type=int,
+                    help="cores each worker offers (default: all of the machine's, as Spark's worker)")
     sc.add_argument("--memory", default="2g")
     sc.set_defaults(func=cmd_spark)
 

@@ -325,6 +325,12 @@ class JobControl:
         skip = self.handover_file(exclude).stem if exclude else None
         return next(((op, content) for op, content in self._bindings() if op != skip), None)
 
+    def handover_refusal(self, operation: str) -> str | None:
+        """Why the operation ``operation`` refused its handover (:meth:`refuse_handover`); None
+        when it did not (yet)."""
+        content = self._read_handover(self.handover_file(operation)) or {}
+        return content.get("reason") if content.get("handed_over") is False else None
+
     def handover_taken(self, operation: str) -> bool:
         """Whether the run that awaited the operation's handover has taken the job (:meth:`claim`)."""
         return bool((self._read_handover(self.handover_file(operation)) or {}).get("taken_at"))

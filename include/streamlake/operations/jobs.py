@@ -104,6 +104,9 @@ class JobSpec:
         elif not self.topics:
             raise InvalidOptionError(f"job {self.name}: a definition (--definition FILE) or at least one topic is "
                                      "required")
+        if self.executor_cores and self.total_executor_cores and self.executor_cores > self.total_executor_cores:
+            raise InvalidOptionError(f"job {self.name}: {self.executor_cores} cores per executor but "
+                                     f"{self.total_executor_cores} in total (spark.cores.max): no executor would start")
         stages = self.run_stages
         if not stages or tuple(stages) != STAGES[:len(stages)]:
             raise InvalidOptionError(f"job {self.name}: stages must be a prefix of {', '.join(STAGES)} (bronze "

@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
 # The pool of the tasks that start a JVM (a pipeline run): ``streamlake platform``
 # sets it to a pool with a slot per core (streamlake.platform.airflow.SPARK_POOL), so a
@@ -255,7 +255,9 @@ class JobRunOperator(_ConnectFirstOperator):
         over to a run of its own: before the driver starts, or by the driver once it holds the
         job lock (its exit status 3: :class:`~streamlake.operations.control.HandoverPending`). A
         run that completes a restore or rescale then fails instead (a continuous run, or another
-        rescale, was started after the operation's trigger: deal with it, then clear this task)."""
+        rescale, was started after the operation's trigger: deal with it, then clear this task).
+        The run of a rescale that refused its handover (it failed before it) fails without
+        retrying, with the rescale's reason: the refusal is for good."""
         from streamlake.operations.control import HandoverPending, JobSupervised
         from streamlake.orchestration.tasks import leave_the_job
 
@@ -267,6 +269,10 @@ class JobRunOperator(_ConnectFirstOperator):
                 try:
                     return super().execute(context)
                 except ApplicationFailed as exc:
+                    refusal = control.handover_refusal(self.handover) if self.handover else None
+                    if refusal:  # for good: another try would find the same refusal
+                        raise AirflowFailException(f"{exc}; {self.handover} refused the handover, so this run did "
+                                                   f"not start the job: {refusal}") from None
                     if exc.exit_status != HandoverPending.exit_status or self.handover:
                         raise
                     raise HandoverPending("its driver found another operation handing the stopped job over to a "

@@ -142,6 +142,37 @@ def apply_rescale(job_name: str, settings: dict) -> dict:
             "after": {k: after.to_dict()[k] for k in RESCALE_SETTINGS}}
 
 
+def check_rescale_fits(job_name: str, settings: dict) -> None:
+    """Before a rescale stops the job: raises AirflowFailException (a task that fails without
+    retrying: wrong settings are not a passing failure) when its ``settings`` cannot run, so the
+    job keeps running on its old ones. Inconsistent cores (more per executor than in total) are
+    refused by :meth:`~streamlake.operations.jobs.JobSpec.rescaled`; on this platform's
+    cluster, executors of more cores than any alive worker offers would never start
+    (:func:`~streamlake.platform.spark_cluster.executor_does_not_fit`). A cluster this platform
+    did not start is not inspected."""
+    from airflow.providers.common.compat.sdk import AirflowFailException
+
+    from streamlake.errors import InvalidOptionError
+    from streamlake.operations.jobs import load_job
+    from streamlake.orchestration.operators import connection_master
+    from streamlake.platform.spark_cluster import executor_does_not_fit
+
+    refused = f"rescale of job {job_name} refused before the stop, the job keeps running"
+    try:
+        job = load_job(job_name).rescaled(settings)
+    except InvalidOptionError as exc:
+        raise AirflowFailException(f"{refused}: {exc}") from None
+    if not job.executor_cores or not job.spark_conn_id:
+        return
+    try:
+        master = connection_master(job.spark_conn_id)
+    except Exception:  # noqa: BLE001 - no such connection: the run's spark-submit says so in full
+        return
+    reason = executor_does_not_fit(master, job.executor_cores)
+    if reason:
+        raise AirflowFailException(f"{refused}: {reason}; choose fewer cores per executor")
+
+
 def announce_handover(job_name: str, operation: str) -> None:
     """The operation ``operation`` (its run id) is about to stop the job for the run it started:
     until that run takes the job, every other run that would start it leaves it alone
