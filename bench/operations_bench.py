@@ -14,7 +14,9 @@
    Each row is wall time from the trigger until it is proven (the end of the verify task
    that proves it: a resumed run's verify runs the checks, its quality task follows; a
    backfill: the end of its run, whose backfill task proves itself), with the verify task's
-   own time and when the quality of the same rows was reported.
+   own time and when the quality of the same rows was reported. Each round under load ends
+   with the rescale's baseline: the same two cores in two executors of one core instead of
+   the form's default, one executor of two (ratio of the medians).
 3. Baseline, in the same run: the same operations idle with the Spark Connect server
    stopped, so every check is a spark-submit of its own (the fallback). Ratio =
    Connect / spark-submit, of the verify task and of trigger to proven. "Idle" means the
@@ -49,6 +51,9 @@ from common import RESULTS, load, machine, progress, target_line, write_results 
 WORK = HERE / "work" / "operations"
 JOB = "sensors"
 TARGETS = {"savepoint": 10.0, "restore": 30.0, "rescale": 30.0}
+# The rescale's baseline, in each round under load after the others: the same total cores in
+# executors of one core each (the form's default until 20d23d6) instead of one executor of two.
+BASELINE_RESCALE = "rescale, 2 executors of 1 core"
 TIMEOUT_S = 900
 
 
@@ -81,6 +86,7 @@ def operation(rest, name: str) -> dict:
         "savepoint": ("savepoint", {"job": JOB}, None),
         "restore": ("restore", {"job": JOB}, "restored__"),
         "rescale": ("rescale", {"job": JOB}, "rescaled__"),
+        BASELINE_RESCALE: ("rescale", {"job": JOB, "total_executor_cores": 2, "executor_cores": 1}, "rescaled__"),
         "backfill 1 h": (f"backfill_{JOB}", {"all_pending": False, "start": hour.isoformat(),
                                             "end": (hour + dt.timedelta(hours=1)).isoformat()}, None),
     }[name]
@@ -264,8 +270,11 @@ def main() -> int:
             if checks_on == "spark-submit":
                 spark_connect.stop()
             rounds = args.samples if condition == "under load" else 1
+            names = ("savepoint", "restore", "rescale", "backfill 1 h")
+            if condition == "under load":
+                names += (BASELINE_RESCALE,)
             for sample in range(1, rounds + 1):
-                for name in ("savepoint", "restore", "rescale", "backfill 1 h"):
+                for name in names:
                     progress(f"{condition}, checks on {checks_on}, round {sample}/{rounds}: {name}")
                     rows.append({**operation(rest, name), "condition": condition, "checks_on": checks_on,
                                  "sample": sample})
@@ -310,6 +319,16 @@ def summarize(rows: list[dict], soak_result: dict) -> list[str]:
         summary.append(f"{name} idle, Spark Connect / spark-submit: verify task {connect['verify_s']} / "
                        f"{submit['verify_s']} s = {connect['verify_s'] / submit['verify_s']:.2f}x, trigger to proven "
                        f"{connect['seconds'] / submit['seconds']:.2f}x (one sample each)")
+    baseline = [r for r in rows if r["operation"] == BASELINE_RESCALE]
+    if baseline:
+        one = statistics.median(r["seconds"] for r in samples("rescale", "under load", "Spark Connect"))
+        two = statistics.median(r["seconds"] for r in baseline)
+        catch_up = [statistics.median(parts(r)[PARTS[1]] for r in rs)
+                    for rs in (samples("rescale", "under load", "Spark Connect"), baseline)]
+        summary.append(f"rescale under load, one executor of 2 cores (the form's default) / {BASELINE_RESCALE} "
+                       f"(the baseline, in the same rounds): trigger to proven {one:.1f} / {two:.1f} s = "
+                       f"{one / two:.2f}x, catch-up run {catch_up[0]:.1f} / {catch_up[1]:.1f} s "
+                       f"({_of(baseline)}; each baseline sample: {', '.join(str(r['seconds']) for r in baseline)} s)")
     backfills = [r["seconds"] for r in samples("backfill 1 h", "under load", "Spark Connect")]
     summary.append("backfill 1 h: the backfill job proves itself (no verify task): "
                    f"{statistics.median(backfills):.1f} s under load ({_of(backfills)})")
