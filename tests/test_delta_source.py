@@ -472,3 +472,30 @@ def test_unknown_option_and_missing_table_are_clear_errors(dspark, tmp_path):
     assert "maxFilesPerTriger".lower() in str(err.value).lower() and "maxFilesPerTrigger" in str(err.value)
     with pytest.raises(Exception, match="no Delta table at"):
         dspark.readStream.format("streamlake-delta").load(str(tmp_path / "nowhere"))
+
+
+def test_a_read_of_more_files_than_sparks_listing_threshold_starts_no_listing_job(spark, tmp_path):
+    """A table's files are read as its Delta log names them (``read_table``, ``read_files``).
+    Above 32 paths (its default threshold) Spark lists them in a job of a task per path, which
+    cost the proofs more than their own work on `make run`'s tables of a few hundred small
+    files; the platform's sessions list them on the driver: a sum over a table of 40 files
+    runs the jobs the same sum over one file does, no listing job besides."""
+    from streamlake.delta.table import TableSpec, read_table
+
+    def jobs_of_a_sum(path, group: str) -> tuple[int, int]:
+        spark.sparkContext.setJobGroup(group, f"a sum over {path.name}")
+        try:
+            total = read_table(spark, path, TableSpec(path.name, rows(0, 1).schema)).agg({"v": "sum"}).first()[0]
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        return total, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+    one, many = tmp_path / "one", tmp_path / "many"
+    write_deltalake(str(one), rows(1, 2))
+    for i in range(40):
+        write_deltalake(str(many), rows(i, 2), mode="append")
+    assert len(DeltaTable(str(many)).file_uris()) == 40
+    total_one, jobs_one = jobs_of_a_sum(one, f"one-{tmp_path.name}")
+    total_many, jobs_many = jobs_of_a_sum(many, f"many-{tmp_path.name}")
+    assert (total_one, total_many) == (2, sum(2 * i for i in range(40)))
+    assert jobs_many == jobs_one, f"{jobs_many} Spark jobs for a read of 40 files, {jobs_one} for one: a listing job"
