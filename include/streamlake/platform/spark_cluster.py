@@ -102,8 +102,9 @@ def start(workers: int = 2, cores_per_worker: int | None = None, memory: str = "
             work_dir = config.home() / "spark" / name
             work_dir.mkdir(parents=True, exist_ok=True)
             procs.start(name, [spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                               "--cores", str(cores_per_worker or machine_cores()), "--memory", memory, "--webui-port", "0",
-                               "--work-dir", str(work_dir)], env=_env(worker_env), info={"master": url})
+                               "--cores", str(cores_per_worker or machine_cores()), "--memory", memory,
+                               "--webui-port", "0", "--work-dir", str(work_dir)], env=_env(worker_env),
+                        info={"master": url})
     procs.wait_for(lambda: status().get("alive_workers", 0) >= workers, timeout_s,
                    what=f"{workers} Spark workers to register with {url}")
     return status()
