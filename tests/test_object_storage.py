@@ -131,13 +131,13 @@ def test_make_run_on_s3_defines_the_lakes_connection_as_the_jobs_read_it_and_no_
     from streamlake.orchestration.hooks import connection_environment
     from streamlake.platform import object_store
 
-    connections = _lake_connections(Namespace(lake="s3", s3_port=9123, no_spark_connect=True))
-    assert set(connections) == {"AIRFLOW_CONN_AWS_DEFAULT"}
+    connections, server = _lake_connections(Namespace(lake="s3", s3_port=9123, no_spark_connect=True))
+    assert set(connections) == {"AIRFLOW_CONN_AWS_DEFAULT"} and server is None
     conn = json.loads(connections["AIRFLOW_CONN_AWS_DEFAULT"])
     assert conn["conn_type"] == "aws"
     expected = {k: v for k, v in object_store.local_options(9123).items() if k.startswith("AWS_")}
     assert connection_environment(conn["login"], conn["password"], conn["extra"]) == expected
-    assert _lake_connections(Namespace(lake="local", s3_port=9123, no_spark_connect=True)) == {}
+    assert _lake_connections(Namespace(lake="local", s3_port=9123, no_spark_connect=True)) == ({}, None)
 
 
 @pytest.mark.fast

@@ -79,33 +79,49 @@ def _start_broker_and_producers(args, pipelines: dict) -> None:
 
 
 def cmd_platform(args) -> int:
-    """`make run`: broker, a demo producer per pipeline, Spark cluster, Airflow standalone with the DAGs."""
+    """`make run`: broker, a demo producer per pipeline, Spark cluster, Airflow standalone with the DAGs.
+
+    The Spark cluster starts in a thread of its own beside the Spark Connect server and
+    Airflow (each start-up mostly waits on a JVM's or Airflow's imports): the platform is up
+    when the slowest is. On a first start Airflow runs no task that starts a Spark application
+    before its Spark pool exists, created once the cluster is up and the UI answers (the
+    scheduler leaves a task of a pool that does not exist unscheduled); on a restart the pool
+    exists already, and a job submitted to a master still starting waits for it (Spark's
+    standalone client retries its registration for a minute). The jobs' specs are written
+    before Airflow starts, with the master's URL known before it answers."""
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
+
     from streamlake.operations.jobs import default_job, definition_files, jobs_dir, save_job
-    from streamlake.platform import airflow as airflow_setup
+    from streamlake.platform import airflow as airflow_setup, spark_cluster
 
     pipelines = definition_files()
     if args.lake == "s3":
         start_local_lake(args.s3_port)
     _start_broker_and_producers(args, pipelines)
-    if not args.no_spark_cluster:
-        from dataclasses import replace
-
-        from streamlake.platform import spark_cluster
-
-        # two workers, each offering the machine's cores: a job starts on one core, and a
-        # rescale's default executor holds two (spark_cluster.machine_cores)
-        cluster = spark_cluster.start(workers=2, port=args.spark_port, ui_port=args.spark_ui_port)
-        cores = " and ".join(map(str, cluster["worker_cores"]))
-        print(f"Spark cluster:     {cluster['master']} ({cluster['alive_workers']} workers of {cores} cores, "
-              f"UI {cluster['ui']})")
-        for name, path in pipelines.items():
-            if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
-                save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=cluster["master"],
-                                 total_executor_cores=1, executor_cores=1))
-    airflow_connections = _lake_connections(args)
-    print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
-    info = airflow_setup.start(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port,
-                               extra_env=airflow_connections)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-cluster") as pool:
+        cluster = None
+        if not args.no_spark_cluster:
+            # two workers, each offering the machine's cores: a job starts on one core, and a
+            # rescale's default executor holds two (spark_cluster.machine_cores)
+            cluster = pool.submit(spark_cluster.start, workers=2, port=args.spark_port, ui_port=args.spark_ui_port)
+            master = spark_cluster.planned_master(args.spark_port)
+            for name, path in pipelines.items():
+                if not (jobs_dir() / f"{name}.json").exists():  # each pipeline starts on one core of it
+                    save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=master,
+                                     total_executor_cores=1, executor_cores=1))
+        airflow_connections, connect_server = _lake_connections(args)
+        print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
+        airflow_setup.launch(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port,
+                             extra_env=airflow_connections)
+        if connect_server is not None:
+            _await_connect_server(connect_server)
+        if cluster is not None:
+            started = cluster.result()
+            cores = " and ".join(map(str, started["worker_cores"]))
+            print(f"Spark cluster:     {started['master']} ({started['alive_workers']} workers of {cores} cores, "
+                  f"UI {started['ui']})", flush=True)
+    info = airflow_setup.wait_until_ready()
     print(f"Airflow UI:        {info['url']}")
     print(f"Log in:            user {info['user']}, password {info['password']} "
           f"(stored in {airflow_setup.airflow_home() / 'passwords.json'})")
@@ -119,10 +135,11 @@ def cmd_platform(args) -> int:
     return 0
 
 
-def _lake_connections(args) -> dict[str, str]:
-    """Start the Spark Connect server and the fork server of its clients
-    (:mod:`streamlake.platform.fork_server`) unless ``--no-spark-connect`` (idempotent) and return
-    the Airflow connections (``AIRFLOW_CONN_*``) the platform defines beside the fixed ones:
+def _lake_connections(args) -> tuple[dict[str, str], dict | None]:
+    """Start the fork server of the Spark Connect server's clients
+    (:mod:`streamlake.platform.fork_server`) and launch that server unless ``--no-spark-connect``
+    (idempotent); return the Airflow connections (``AIRFLOW_CONN_*``) the platform defines
+    beside the fixed ones, and the server launched (:func:`_await_connect_server` waits for it):
     with the lake on the local S3 server, ``aws_default`` (its account) and a
     ``spark_connect_default`` declaring that the server holds that connection's credentials,
     so the jobs' proofs and backfills go to it (streamlake.platform.spark_connect)."""
@@ -136,13 +153,21 @@ def _lake_connections(args) -> dict[str, str]:
                                        if k.startswith("AWS_")},
                  "storage_conn_id": DEFAULT_STORAGE_CONN_ID}
     if args.no_spark_connect:
-        return connections
+        return connections, None
     from streamlake.platform import fork_server
 
     forks = fork_server.start()  # first: the Connect server's Python processes are forked by it too
-    server = spark_connect.start(args.spark_connect_port, **store)
+    server = spark_connect.launch(args.spark_connect_port, **store)
     connections[f"AIRFLOW_CONN_{airflow_setup.SPARK_CONNECT_CONN.upper()}"] = \
         spark_connect.connection(args.spark_connect_port, server["storage_conn_id"])
+    return connections, {**server, "fork_server": forks}
+
+
+def _await_connect_server(server: dict) -> None:
+    """Wait until the Spark Connect server :func:`_lake_connections` launched answers, then say
+    what it and the fork server do. Raises TimeoutError."""
+    spark_connect.wait_until_reachable(server["url"])
+    forks = server["fork_server"]
     held = f"; it holds the lake's credentials, connection {server['storage_conn_id']}" \
         if server["storage_conn_id"] else ""
     print(f"Spark Connect:     {server['url']} ({server['master']}{held}): the checks after every operation and "
@@ -150,7 +175,6 @@ def _lake_connections(args) -> dict[str, str]:
     print(f"Fork server:       {forks['socket']}: each client of the Spark Connect server, and the Python processes "
           f"of Spark on this machine ({forks['spark_python']}), forked with their libraries (Great Expectations, "
           f"pyspark, pyarrow) already imported, no interpreter start each")
-    return connections
 
 
 def start_local_lake(port: int) -> None:

@@ -135,14 +135,33 @@ def credentials() -> tuple[str, str | None]:
 
 def start(port: int = DEFAULT_PORT, timeout_s: float = 180, cluster_port: int = 7077,
           extra_env: dict | None = None, connect_port: int = spark_connect.DEFAULT_PORT) -> dict:
-    """Start ``airflow standalone`` (idempotent) and wait until the UI answers. The
-    ``spark_cluster`` connection points at ``cluster_port``; ``extra_env`` adds
-    variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``)."""
+    """Start ``airflow standalone`` (idempotent) and wait until the UI answers
+    (:func:`launch`, then :func:`wait_until_ready`)."""
+    launch(port, cluster_port, extra_env, connect_port)
+    return wait_until_ready(timeout_s)
+
+
+def launch(port: int = DEFAULT_PORT, cluster_port: int = 7077, extra_env: dict | None = None,
+           connect_port: int = spark_connect.DEFAULT_PORT) -> None:
+    """Start ``airflow standalone`` (idempotent) and return at once: its start-up (about a minute
+    on 2 cores) may go on beside other services'. The ``spark_cluster`` connection points at
+    ``cluster_port``; ``extra_env`` adds variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``).
+    No task that starts a Spark application runs before :func:`wait_until_ready` has created
+    their pool (Airflow's scheduler leaves a task of a pool that does not exist unscheduled)."""
     if procs.status(SERVICE) is None:
         procs.start(SERVICE, [airflow_executable(), "standalone"],
                     env={**airflow_env(port, cluster_port, connect_port), **(extra_env or {})},
                     cwd=str(airflow_home()), info={"port": port})
-    port = procs.status(SERVICE).info["port"]
+
+
+def wait_until_ready(timeout_s: float = 180) -> dict:
+    """Wait until the UI of the Airflow :func:`launch` started answers, then create the Spark
+    pool; return its URL and the admin's credentials. Raises TimeoutError, and RuntimeError
+    when Airflow is not running."""
+    state = procs.status(SERVICE)
+    if state is None:
+        raise RuntimeError(f"Airflow is not running (see {config.log_dir() / (SERVICE + '.log')})")
+    port = state.info["port"]
     started = time.monotonic()
     procs.wait_for(lambda: ui_ready(port), timeout_s, interval=2, what=f"the Airflow UI on port {port}")
     ensure_spark_pool()

@@ -43,6 +43,13 @@ def master_url(port: int = DEFAULT_PORT) -> str:
     return f"spark://127.0.0.1:{port}"
 
 
+def planned_master(port: int = DEFAULT_PORT) -> str:
+    """The URL of the master :func:`start` with ``port`` leaves running: the running one's, if
+    any (``start`` is idempotent), else the one it will start (known before it answers)."""
+    state = procs.status(MASTER)
+    return state.info["url"] if state is not None else master_url(port)
+
+
 def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     from streamlake.spark.session import job_environment
 

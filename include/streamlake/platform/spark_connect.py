@@ -65,11 +65,20 @@ def connection(port: int = DEFAULT_PORT, storage_conn_id: str | None = None) -> 
 def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float = 120,
           store_environment: Mapping[str, str] | None = None, storage_conn_id: str | None = None) -> dict:
     """Start the server (idempotent) with the platform's Spark defaults; return when it accepts
-    connections. ``store_environment``: an object store's ``AWS_*`` credentials and endpoint for
-    the server's processes, those of the Airflow connection ``storage_conn_id`` (see the module
-    docstring; the returned dict and the service state name it). Raises TimeoutError when the
-    server does not answer within ``timeout_s``, ValueError for credentials without the name of
-    their connection."""
+    connections (:func:`launch`, then :func:`wait_until_reachable`). Raises what they raise."""
+    server = launch(port, master, store_environment, storage_conn_id)
+    wait_until_reachable(server["url"], timeout_s)
+    return server
+
+
+def launch(port: int = DEFAULT_PORT, master: str = "local[2]", store_environment: Mapping[str, str] | None = None,
+           storage_conn_id: str | None = None) -> dict:
+    """Start the server (idempotent) with the platform's Spark defaults and return at once its
+    URL, master and storage connection (a running server's own: those it was started with).
+    ``store_environment``: an object store's ``AWS_*`` credentials and endpoint for the
+    server's processes, those of the Airflow connection ``storage_conn_id`` (see the module
+    docstring; the returned dict and the service state name it). Raises ValueError for
+    credentials without the name of their connection."""
     if store_environment and not storage_conn_id:
         raise ValueError("a store's credentials for the Spark Connect server need the name of their Airflow "
                          "connection (storage_conn_id): the tasks that may use them are that connection's")
@@ -90,9 +99,12 @@ def start(port: int = DEFAULT_PORT, master: str = "local[2]", timeout_s: float =
                                          "PYSPARK_PYTHON": python}),
                     info={"url": url(port), "storage_conn_id": storage_conn_id})
     state = procs.status(SERVICE)
-    remote = state.info["url"]
+    return {"url": state.info["url"], "master": master, "storage_conn_id": state.info.get("storage_conn_id")}
+
+
+def wait_until_reachable(remote: str, timeout_s: float = 120) -> None:
+    """Wait until the server at ``remote`` accepts connections; TimeoutError after ``timeout_s``."""
     procs.wait_for(lambda: reachable(remote), timeout_s, interval=1, what=f"the Spark Connect server at {remote}")
-    return {"url": remote, "master": master, "storage_conn_id": state.info.get("storage_conn_id")}
 
 
 def stop() -> bool:
