@@ -50,7 +50,9 @@ def artifacts_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow_ui(broker):
+def launched_airflow(broker):
+    """The platform's Airflow, starting (:func:`streamlake.platform.airflow.launch`): a test may
+    record what its views show while Airflow starts, then wait for it (``airflow_ui``)."""
     chromium()  # fail early, before a minute of Airflow start-up
     from streamlake.platform import airflow
 
@@ -59,15 +61,24 @@ def airflow_ui(broker):
     saved = os.environ.get(key)
     os.environ[key] = "False"
     try:
-        info = airflow.start(free_port(), timeout_s=420)
-        assert info["password"], "Airflow generated no admin password"
-        yield info
+        airflow.launch(free_port())
+        yield
     finally:
         airflow.stop()
         if saved is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = saved
+
+
+@pytest.fixture(scope="module")
+def airflow_ui(launched_airflow):
+    """The UI's URL and the admin's credentials, once it answers."""
+    from streamlake.platform import airflow
+
+    info = airflow.wait_until_ready(timeout_s=420)
+    assert info["password"], "Airflow generated no admin password"
+    return info
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:
@@ -90,24 +101,6 @@ def _token(base: str, user: str, password: str) -> str:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as resp:
         return json.load(resp)["access_token"]
-
-
-def test_streamlake_pages_need_a_login(airflow_ui):
-    base = airflow_ui["url"]
-    for path in STREAMLAKE_URLS:
-        status, body, head = _get(base + path)  # no login at all
-        redirected_to_login = status in (301, 302, 303, 307) and "login" in head.get("Location", "")
-        assert status == 401 or redirected_to_login, (path, status, body[:200])
-        assert "Data quality" not in body and "savepoint" not in body.lower()
-        for forged in ({"Cookie": "_token=not-a-token"}, {"Authorization": "Bearer not-a-token"}):
-            status, body, _ = _get(base + path, forged)  # Airflow: 403 "Invalid JWT token"
-            assert status in (401, 403), (path, forged, status, body[:200])
-            assert "Data quality" not in body and "savepoint" not in body.lower()
-    token = _token(base, airflow_ui["user"], airflow_ui["password"])
-    status, body, _ = _get(base + "/streamlake/api/quality", {"Authorization": f"Bearer {token}"})
-    assert status == 200 and isinstance(json.loads(body), list)
-    status, body, _ = _get(base + "/streamlake/quality", {"Authorization": f"Bearer {token}"})
-    assert status == 200 and "<h1>Data quality</h1>" in body
 
 
 def _record_content(spark, produce, topic_name, tmp_path) -> dict:
@@ -151,10 +144,11 @@ def _record_content(spark, produce, topic_name, tmp_path) -> dict:
             "unknown_reason": unknown_reason, "clean_gold": clean_gold}
 
 
-def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_path):
+def test_views_in_a_real_browser(launched_airflow, spark, produce, topic_name, tmp_path, request):
     from playwright.sync_api import expect, sync_playwright
 
-    content = _record_content(spark, produce, topic_name, tmp_path)
+    content = _record_content(spark, produce, topic_name, tmp_path)  # while Airflow starts (this file's first test)
+    airflow_ui = request.getfixturevalue("airflow_ui")
     failing = content["failing"]
     base = airflow_ui["url"]
     shots = artifacts_dir()
@@ -263,3 +257,21 @@ def test_views_in_a_real_browser(airflow_ui, spark, produce, topic_name, tmp_pat
             browser.close()
             kept = keep_screenshots(shots)
     assert len(kept) >= 8, kept
+
+
+def test_streamlake_pages_need_a_login(airflow_ui):
+    base = airflow_ui["url"]
+    for path in STREAMLAKE_URLS:
+        status, body, head = _get(base + path)  # no login at all
+        redirected_to_login = status in (301, 302, 303, 307) and "login" in head.get("Location", "")
+        assert status == 401 or redirected_to_login, (path, status, body[:200])
+        assert "Data quality" not in body and "savepoint" not in body.lower()
+        for forged in ({"Cookie": "_token=not-a-token"}, {"Authorization": "Bearer not-a-token"}):
+            status, body, _ = _get(base + path, forged)  # Airflow: 403 "Invalid JWT token"
+            assert status in (401, 403), (path, forged, status, body[:200])
+            assert "Data quality" not in body and "savepoint" not in body.lower()
+    token = _token(base, airflow_ui["user"], airflow_ui["password"])
+    status, body, _ = _get(base + "/streamlake/api/quality", {"Authorization": f"Bearer {token}"})
+    assert status == 200 and isinstance(json.loads(body), list)
+    status, body, _ = _get(base + "/streamlake/quality", {"Authorization": f"Bearer {token}"})
+    assert status == 200 and "<h1>Data quality</h1>" in body
