@@ -313,6 +313,9 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
         assert time.monotonic() < deadline and rest.run("ingest_sensors", run_id)["state"] == "running"
         time.sleep(3)  # until the job's first micro-batches (spark-submit start-up)
     window_start = time.time()
+    # A scheduled run meanwhile does not queue behind the continuous one (two runs at a time): it
+    # leaves the job to its supervisor, its job task skipped (saying why), and its proof with it.
+    beside = rest.trigger("ingest_sensors", {"mode": "scheduled"})
 
     def batches_since_start() -> int:
         count = 0
@@ -335,9 +338,6 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     assert state == "running", f"the continuous run ended early ({state}): " \
                                f"{rest.failed_tasks('ingest_sensors', run_id)}"
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
-    # A scheduled run meanwhile does not queue behind the continuous one (two runs at a time): it
-    # leaves the job to its supervisor, its job task skipped (saying why), and its proof with it.
-    beside = rest.trigger("ingest_sensors", {"mode": "scheduled"})
     succeeded(rest, "ingest_sensors", beside)
     assert [rest.task("ingest_sensors", beside, t)["state"] for t in ("ingest_available_now", "verify")] == \
         ["skipped", "skipped"]
