@@ -111,7 +111,7 @@ def cmd_platform(args) -> int:
                     save_job(replace(default_job(name, path), spark_conn_id="spark_cluster", master=master,
                                      total_executor_cores=1, executor_cores=1))
         airflow_connections, connect_server = _lake_connections(args)
-        print("Airflow:           starting (about a minute on 2 cores)...", flush=True)
+        print("Airflow:           starting (beside the Spark services; half a minute or more on 2 cores)...", flush=True)
         airflow_setup.launch(args.port, cluster_port=args.spark_port, connect_port=args.spark_connect_port,
                              extra_env=airflow_connections)
         if connect_server is not None:
