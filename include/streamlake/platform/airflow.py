@@ -146,8 +146,9 @@ def launch(port: int = DEFAULT_PORT, cluster_port: int = 7077, extra_env: dict |
     """Start ``airflow standalone`` (idempotent) and return at once: its start-up (about a minute
     on 2 cores) may go on beside other services'. The ``spark_cluster`` connection points at
     ``cluster_port``; ``extra_env`` adds variables (e.g. ``STREAMLAKE_INGEST_EVERY_MINUTES``).
-    No task that starts a Spark application runs before :func:`wait_until_ready` has created
-    their pool (Airflow's scheduler leaves a task of a pool that does not exist unscheduled)."""
+    On a new Airflow database no task that starts a Spark application runs before
+    :func:`wait_until_ready` has created their pool (Airflow's scheduler leaves a task of a pool
+    that does not exist unscheduled)."""
     if procs.status(SERVICE) is None:
         procs.start(SERVICE, [airflow_executable(), "standalone"],
                     env={**airflow_env(port, cluster_port, connect_port), **(extra_env or {})},
