@@ -124,6 +124,7 @@ def gold_of(spark, job: JobSpec, columns=("sensor_id", "window_start", "count", 
     return {tuple(r) for r in rows.select(*columns).collect()}
 
 
+@pytest.mark.scenario
 def test_supervisor_restarts_after_sigkill_savepoints_while_running_and_stops(airflow, spark, produce, topic_name,
                                                                               tmp_path):
     from streamlake.errors import StreamLakeError

@@ -376,6 +376,18 @@ def test_savepoint_of_an_available_now_run_succeeds_whether_it_pauses_or_finishe
     assert outcome["summary"]["rows"] == records and not outcome["summary"]["stopped"]
     assert_exactly_once({"table": job.table}, topic_name, expected_rows=records)
 
+    # Restored from it, the job's savepoint cannot be disposed of while its driver runs (here:
+    # holds the job lock, as a driver does); once it stops, it can.
+    from streamlake.errors import StreamLakeError
+    from streamlake.operations.savepoints import dispose_savepoint, list_savepoints, restore_savepoint
+
+    restore_savepoint(manifest.id)
+    with job.control.running(timeout_s=10):
+        with pytest.raises(StreamLakeError, match=f"cannot be disposed: running job.*{job.name}"):
+            dispose_savepoint(manifest.id)
+    dispose_savepoint(manifest.id)
+    assert manifest.id not in {m.id for m in list_savepoints(job.name)}
+
 
 # -- the handover: a run started before the stop waits for the operation ------------------------
 

@@ -293,15 +293,22 @@ def test_airflow_backfill_restates_data_intervals_and_every_check_passed(live_pl
         assert {"kafka-audit", "pipeline-accounting", "gold"} <= {k for _, k in kinds}
 
 
-def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
+def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigkill(live_platform):
     """Lag, as each bronze micro-batch reports it, stays below two micro-batches' worth of the
     producer's records while the demo pipeline runs continuously for KEEP_UP_WINDOW_S (six of its
     5-second micro-batches; on a slow machine until it ran four, at most four windows; the
-    five-minute keep-up is `make bench`'s soak row)."""
+    five-minute keep-up is `make bench`'s soak row). Then its driver is SIGKILLed (a lost
+    node): the run's supervisor restarts it (fixed-delay), the restarted job takes the live
+    stream on, a savepoint pauses and resumes it, a stop-with-savepoint ends the run, and the
+    run's proof finds every record the producer wrote meanwhile in bronze exactly once."""
+    import signal
+
     from streamlake.operations.jobs import JobSpec
+    from streamlake.operations.runner import job_processes, kill_job
 
     rest = live_platform.rest
-    run_id = rest.trigger("ingest_sensors", {"mode": "continuous", "spark_conn_id": "spark_cluster"})
+    run_id = rest.trigger("ingest_sensors", {"mode": "continuous", "spark_conn_id": "spark_cluster",
+                                             "restart_delay_seconds": 1})
     spec = JobSpec.from_dict(json.loads((live_platform.home / "jobs" / "sensors.json").read_text()))
     progress = spec.control.progress_file
     # The run may queue behind earlier ones (two runs at a time): the window starts when it runs.
@@ -317,21 +324,29 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
     # leaves the job to its supervisor, its job task skipped (saying why), and its proof with it.
     beside = rest.trigger("ingest_sensors", {"mode": "scheduled"})
 
-    def batches_since_start() -> int:
+    def batches_since(start: float) -> int:
         count = 0
         for line in progress.read_text().splitlines():
             try:
                 batch = json.loads(line)
             except ValueError:  # the line being written
                 continue
-            count += batch.get("stage") == "bronze" and epoch(batch["timestamp"]) >= window_start
+            count += batch.get("stage") == "bronze" and epoch(batch["timestamp"]) >= start
         return count
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + RESUMED_RUN_TIMEOUT_S
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: not after {RESUMED_RUN_TIMEOUT_S} s"
+            assert rest.run("ingest_sensors", run_id)["state"] == "running", \
+                f"the continuous run ended: {rest.failed_tasks('ingest_sensors', run_id)}"
+            time.sleep(2)
 
     # KEEP_UP_WINDOW_S, longer where the machine is slow (a busy CI machine: one micro-batch in
     # 30 s on 2026-12-04, with the other test worker on both cores): until four micro-batches,
     # at most four windows. The lag criterion below is the same whatever the window.
     time.sleep(KEEP_UP_WINDOW_S)
-    while batches_since_start() < 4 and time.time() - window_start < 4 * KEEP_UP_WINDOW_S:
+    while batches_since(window_start) < 4 and time.time() - window_start < 4 * KEEP_UP_WINDOW_S:
         time.sleep(2)
     window_end = time.time()
     state = rest.run("ingest_sensors", run_id)["state"]
@@ -343,9 +358,28 @@ def test_the_continuous_job_keeps_up_with_the_live_producer(live_platform):
         ["skipped", "skipped"]
     assert "this scheduled run has nothing to do" in rest.task_log("ingest_sensors", beside, "ingest_available_now")
     assert rest.run("ingest_sensors", run_id)["state"] == "running"
+
+    # A lost driver: the supervisor restarts the job, which takes the live stream on.
+    killed = {p.pid for p in job_processes(spec)}
+    assert killed and kill_job(spec, signal.SIGKILL) >= len(killed)
+    died = time.time()
+    wait_for(lambda: spec.control.is_running() and not killed & {p.pid for p in job_processes(spec)}
+             and batches_since(died) >= 1, "the supervisor to restart the SIGKILLed job")
+    # A savepoint while it runs: the job pauses for it and resumes.
+    paused = rest.trigger("savepoint", {"job": "sensors"})
+    succeeded(rest, "savepoint", paused)
+    resumed = time.time()
+    newest = rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1][0]
+    assert newest["job_was_running"], newest
+    wait_for(lambda: batches_since(resumed) >= 1, "the job to resume after the savepoint")
+
     stop = rest.trigger("savepoint", {"job": "sensors", "stop": True})  # stop-with-savepoint ends the run
     succeeded(rest, "savepoint", stop)
     succeeded(rest, "ingest_sensors", run_id)
+    supervised = rest.task_log("ingest_sensors", run_id, "supervise_continuous")
+    assert "restart 1 cause: killed by SIGKILL" in supervised, supervised[-3000:]
+    proof = rest.task_log("ingest_sensors", run_id, "verify")
+    assert "EXACTLY ONCE" in proof and "PASS kafka-audit" in proof, proof[-3000:]
 
     bronze = [p for p in lines if p.get("stage") == "bronze" and window_start <= epoch(p["timestamp"]) <= window_end]
     assert len(bronze) >= 4, f"too few micro-batches in {window_end - window_start:.0f} s: {len(bronze)}"
