@@ -297,10 +297,10 @@ def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigki
     """Lag, as each bronze micro-batch reports it, stays below two micro-batches' worth of the
     producer's records while the demo pipeline runs continuously for KEEP_UP_WINDOW_S (six of its
     5-second micro-batches; on a slow machine until it ran four, at most four windows; the
-    five-minute keep-up is `make bench`'s soak row). Then its driver is SIGKILLed (a lost
-    node): the run's supervisor restarts it (fixed-delay), the restarted job takes the live
-    stream on, a savepoint pauses and resumes it, a stop-with-savepoint ends the run, and the
-    run's proof finds every record the producer wrote meanwhile in bronze exactly once."""
+    five-minute keep-up is `make bench`'s soak row). Then a savepoint pauses and resumes it,
+    its driver is SIGKILLed (a lost node), the run's supervisor restarts it (fixed-delay), the
+    restarted job takes the live stream on, a stop-with-savepoint ends the run, and the run's
+    proof finds every record the producer wrote meanwhile in bronze exactly once."""
     import signal
 
     from streamlake.operations.jobs import JobSpec
@@ -324,14 +324,15 @@ def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigki
     # leaves the job to its supervisor, its job task skipped (saying why), and its proof with it.
     beside = rest.trigger("ingest_sensors", {"mode": "scheduled"})
 
-    def batches_since(start: float) -> int:
+    def batches_since(start: float, with_records: bool = False) -> int:
         count = 0
         for line in progress.read_text().splitlines():
             try:
                 batch = json.loads(line)
             except ValueError:  # the line being written
                 continue
-            count += batch.get("stage") == "bronze" and epoch(batch["timestamp"]) >= start
+            count += (batch.get("stage") == "bronze" and epoch(batch["timestamp"]) >= start
+                      and (batch["numInputRows"] > 0 or not with_records))
         return count
 
     def wait_for(condition, what: str) -> None:
@@ -359,21 +360,22 @@ def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigki
     assert "this scheduled run has nothing to do" in rest.task_log("ingest_sensors", beside, "ingest_available_now")
     assert rest.run("ingest_sensors", run_id)["state"] == "running"
 
-    # A lost driver: the supervisor restarts the job, which takes the live stream on.
-    killed = {p.pid for p in job_processes(spec)}
-    assert killed and kill_job(spec, signal.SIGKILL) >= len(killed)
-    died = time.time()
-    wait_for(lambda: spec.control.is_running() and not killed & {p.pid for p in job_processes(spec)}
-             and batches_since(died) >= 1, "the supervisor to restart the SIGKILLed job")
     # A savepoint while it runs: the job pauses for it and resumes.
     paused = rest.trigger("savepoint", {"job": "sensors"})
     succeeded(rest, "savepoint", paused)
     resumed = time.time()
-    newest = rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1][0]
-    assert newest["job_was_running"], newest
+    while_running = rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1][0]
+    assert while_running["job_was_running"], while_running
     wait_for(lambda: batches_since(resumed) >= 1, "the job to resume after the savepoint")
 
-    stop = rest.trigger("savepoint", {"job": "sensors", "stop": True})  # stop-with-savepoint ends the run
+    # A lost driver: the supervisor restarts the job, which takes the live stream on (a bronze
+    # micro-batch of records after the SIGKILL), until a stop-with-savepoint ends the run.
+    killed = {p.pid for p in job_processes(spec)}
+    assert killed and kill_job(spec, signal.SIGKILL) >= len(killed)
+    died = time.time()
+    wait_for(lambda: spec.control.is_running() and not killed & {p.pid for p in job_processes(spec)}
+             and batches_since(died, with_records=True) >= 1, "the supervisor to restart the SIGKILLed job")
+    stop = rest.trigger("savepoint", {"job": "sensors", "stop": True})
     succeeded(rest, "savepoint", stop)
     succeeded(rest, "ingest_sensors", run_id)
     supervised = rest.task_log("ingest_sensors", run_id, "supervise_continuous")
