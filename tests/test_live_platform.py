@@ -360,9 +360,10 @@ def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigki
     assert "this scheduled run has nothing to do" in rest.task_log("ingest_sensors", beside, "ingest_available_now")
     assert rest.run("ingest_sensors", run_id)["state"] == "running"
 
-    # A savepoint while it runs: the job pauses for it and resumes.
+    # A savepoint while it runs: the job pauses for it and resumes (its run's proof, on the
+    # Spark Connect server, goes on beside what follows).
     paused = rest.trigger("savepoint", {"job": "sensors"})
-    succeeded(rest, "savepoint", paused)
+    wait_task(rest, "savepoint", paused, "take_savepoint", lambda ti: ti["state"] == "success")
     resumed = time.time()
     while_running = rest.call("GET", "/streamlake/api/savepoints?job=sensors")[1][0]
     assert while_running["job_was_running"], while_running
@@ -376,6 +377,7 @@ def test_the_continuous_job_keeps_up_with_the_live_producer_and_survives_a_sigki
     wait_for(lambda: spec.control.is_running() and not killed & {p.pid for p in job_processes(spec)}
              and batches_since(died, with_records=True) >= 1, "the supervisor to restart the SIGKILLed job")
     stop = rest.trigger("savepoint", {"job": "sensors", "stop": True})
+    succeeded(rest, "savepoint", paused)
     succeeded(rest, "savepoint", stop)
     succeeded(rest, "ingest_sensors", run_id)
     supervised = rest.task_log("ingest_sensors", run_id, "supervise_continuous")
