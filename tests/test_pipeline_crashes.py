@@ -155,6 +155,7 @@ def test_sigkill_in_silver_or_gold_then_restart_changes_no_result(spark, stream,
         assert report.passed, report.summary()
 
 
+@pytest.mark.scenario
 def test_a_python_worker_that_connects_back_too_late_restarts_the_query_and_changes_no_result(
         spark, stream, reference, tmp_path):
     """Spark waits a fixed 10 s for a new Python process (the runner of each streaming
