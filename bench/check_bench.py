@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,8 +29,10 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import RESULTS, free_port, machine  # noqa: E402
+
 WORK = HERE / "work" / "checks"
-RESULTS = HERE / "results"
 PARTITIONS = 3
 COMMIT_RECORDS = 100_000  # records per Delta commit while building (like a micro-batch)
 NEW_RECORDS = 10_000
@@ -41,12 +41,6 @@ FULL_RUNS = 2
 BASE_TS_MS = 1_795_000_000_000
 INGEST_DATE = "2026-11-20"
 KEYS = [b"sensor-%04d" % i for i in range(64)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def records(partition: int, start: int, end: int) -> tuple[list[bytes], list[bytes], list[int]]:
@@ -429,7 +423,7 @@ def main() -> int:
         growth = (f"peak {big['full']['peak_rss_mb']:.0f} MB at {big['label']} vs {small['full']['peak_rss_mb']:.0f} MB "
                   f"at {small['label']} ({big['full']['peak_rss_mb'] - small['full']['peak_rss_mb']:+.0f} MB for "
                   f"{big['records'] / small['records']:g}x the rows)")
-    result = {"machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+    result = {"machine": machine(),
               "date": time.strftime("%Y-%m-%d"), "chunk_offsets": CHUNK_OFFSETS, "prefetch_kb": PREFETCH_KB,
               "new_records": NEW_RECORDS, "memory_growth": growth, "sizes": entries, "targets": targets}
     (RESULTS / "checks.json").write_text(json.dumps(result, indent=2))

@@ -225,7 +225,7 @@ def plot(result: dict, path: Path) -> None:
     bx.set_ylabel("bronze lag (records)")
     bx.set_title("continuous soak: lag per micro-batch")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
