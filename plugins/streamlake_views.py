@@ -503,7 +503,9 @@ def quality_docs(page: str):
 
     path = resolve_page(page)
     if path is None:
-        raise HTTPException(status_code=404, detail="no such Data Docs page")
+        raise HTTPException(status_code=404, detail=(
+            "no such Data Docs page: the Data Docs keep each suite's newest validations only "
+            "(STREAMLAKE_QUALITY_DOCS_PER_SUITE); the Data quality view keeps every outcome"))
     if path.suffix == ".html":
         text = path.read_text(encoding="utf-8", errors="replace")
         head_end = text.find("</head>")

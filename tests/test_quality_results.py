@@ -166,6 +166,45 @@ def test_validate_table_records_results_and_data_docs(spark, tmp_path):
         assert (docs.data_docs_dir() / docs.suite_page(suite)).is_file(), suite
 
 
+def test_data_docs_keep_each_suites_newest_validations_and_the_table_keeps_every_outcome(spark, tmp_path,
+                                                                                          monkeypatch, ui):
+    """GX lists its whole results store several times per build: the store is bounded per suite
+    (STREAMLAKE_QUALITY_DOCS_PER_SUITE), the pruned pages go, the results table keeps everything."""
+    _, client, _ = ui
+    monkeypatch.setenv("STREAMLAKE_QUALITY_DOCS_PER_SUITE", "2")
+    sensors = sensors_definition()
+    other = str(tmp_path / "sensors-silver")
+    kept_other = validate_table(spark, "silver", other, None,
+                                samples.write_rows(other, sensors, "silver", samples.clean_rows(sensors, "silver", 3)),
+                                definition=sensors, operation="ingest", context=CONTEXT)
+    path, reports, version = str(tmp_path / "silver"), [], 0
+    for i in range(3):
+        start, version = version, write(path, "silver", clean("silver", 2, start=700 + 10 * i))
+        reports.append(validate_table(spark, "silver", path, None if i == 0 else start, version, definition=ORDERS,
+                                      operation="ingest", context=CONTEXT))
+    pruned, kept = reports[0], reports[1:]
+
+    stored = {(k.expectation_suite_identifier.name, k.run_id.run_name)
+              for k in docs.gx_context().validation_results_store.list_keys()}
+    assert [(SILVER_SUITE, f"ingest.{r.run_id}") in stored for r in reports] == [False, True, True]
+    assert sum(1 for suite, _ in stored if suite == SILVER_SUITE) == 2
+    assert ("streamlake.sensors.silver", f"ingest.{kept_other.run_id}") in stored  # another suite: its own count
+    # nothing of the pruned one is left in the store's folders (each run a folder of its own)
+    assert not [d for d in docs.validations_dir().rglob("*") if d.is_dir() and not any(d.iterdir())]
+    assert not list(docs.validations_dir().rglob(f"ingest.{pruned.run_id}"))
+    assert not (docs.data_docs_dir() / pruned.docs_page).exists()
+    assert all((docs.data_docs_dir() / r.docs_page).is_file() for r in kept + [kept_other])
+    gone = client.get(f"/quality/docs/{pruned.docs_page}")
+    assert gone.status_code == 404 and "STREAMLAKE_QUALITY_DOCS_PER_SUITE" in gone.text
+    # every outcome of every validation, the pruned one's included, is still in the results table
+    for r in reports:
+        assert len(results.read_results(validation_id=r.validation_id)) == len(r.outcomes) > 0
+
+    monkeypatch.setenv("STREAMLAKE_QUALITY_DOCS_PER_SUITE", "0")
+    with pytest.raises(ValueError, match="STREAMLAKE_QUALITY_DOCS_PER_SUITE"):
+        docs.kept_per_suite()
+
+
 def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):
     root = tmp_path / "lake"
     tables = {t: str(root / t) for t in ("silver", GOLD, "quarantine")}

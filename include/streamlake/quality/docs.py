@@ -4,7 +4,8 @@ Layout under ``$STREAMLAKE_HOME/quality/``:
 
 ``validations/``
     GX's validation results store (``TupleFilesystemStoreBackend``): one JSON
-    file per validation, ``<suite>/<run name>/<run time>/<batch>.json``.
+    file per validation, ``<suite>/<run name>/<run time>/<batch>.json``; each
+    suite's newest :func:`kept_per_suite` only (:func:`prune_validations`).
 ``data_docs/``
     the Data Docs site (``index.html``, ``expectations/<suite>.html``,
     ``validations/<suite>/<run name>/<run time>/<batch>.html``, ``static/``),
@@ -18,6 +19,15 @@ and tasks running at the same time cannot corrupt a shared configuration.
 Builds are serialized across processes with a file lock. GX Cloud and GX's
 usage statistics are off.
 
+GX lists the whole results store several times per build, so the store is
+bounded: a build first removes every suite's results but its newest
+``STREAMLAKE_QUALITY_DOCS_PER_SUITE`` (default 100), and GX's index builder then
+removes their pages. Unbounded, a build took 0.25 s with one stored result,
+1.05 s with 4,000 and 2.26 s with 10,000 (2 cores), and `make run` stores
+thousands a day (a validation per table every 5 minutes per pipeline). The
+``quality_results`` table (:mod:`streamlake.quality.results`) keeps every
+validation's outcomes; only the GX JSON and its page go.
+
 Data Docs pages load their styles and scripts from public CDNs; without
 internet access they render unstyled but complete (the validation pages are
 static HTML), except the index's list of validation runs, which GX draws with
@@ -29,12 +39,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections import defaultdict
 from pathlib import Path
 
 from streamlake import config
 
 SITE = "streamlake"
 DATASOURCE = "streamlake"
+DEFAULT_KEPT_PER_SUITE = 100
 
 
 def quality_dir() -> Path:
@@ -145,17 +157,66 @@ def _build_lock():
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def kept_per_suite() -> int:
+    """How many validation results (and pages) of each suite the Data Docs keep:
+    ``STREAMLAKE_QUALITY_DOCS_PER_SUITE``, default 100. Raises ValueError unless it is a
+    whole number of at least 1."""
+    raw = os.environ.get("STREAMLAKE_QUALITY_DOCS_PER_SUITE", str(DEFAULT_KEPT_PER_SUITE))
+    try:
+        kept = int(raw)
+    except ValueError:
+        kept = 0
+    if kept < 1:
+        raise ValueError(f"STREAMLAKE_QUALITY_DOCS_PER_SUITE must be a whole number >= 1, not {raw!r}")
+    return kept
+
+
+def prune_validations(context, keep_per_suite: int) -> int:
+    """Remove every suite's stored validation results but its ``keep_per_suite`` newest (by
+    run time) from the context's results store; the next build removes their pages.
+    Returns how many were removed. The quality results table is not touched."""
+    by_suite = defaultdict(list)
+    store, root = context.validation_results_store, validations_dir()
+    for key in store.list_keys():
+        by_suite[key.expectation_suite_identifier.name].append(key)
+    removed = 0
+    for keys in by_suite.values():
+        keys.sort(key=lambda k: k.run_id.run_time, reverse=True)
+        for key in keys[keep_per_suite:]:
+            if store.remove_key(key):
+                removed += 1
+                # <suite parts>/<run name>/<run time>/<batch>.json
+                _remove_empty_dirs(root.joinpath(*key.to_tuple()[:-1]), root)
+    return removed
+
+
+def _remove_empty_dirs(directory: Path, root: Path) -> None:
+    """Remove ``directory`` and its parents below ``root`` while they are empty (GX's own
+    clean-up after a removal removes none: it tests a generator's truth), so listing the
+    store stays bounded too."""
+    while root in directory.parents:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty, or already gone
+            return
+        directory = directory.parent
+
+
 def build(context, validation_ids=None) -> Path:
-    """Render the given validation results (all stored ones if None) and every registered
-    suite into the Data Docs folder, then the index. Returns the index page."""
+    """Prune the stored validation results to each suite's newest :func:`kept_per_suite`,
+    then render the given validation results (all stored ones if None) and every registered
+    suite into the Data Docs folder, then the index (which drops the pruned pages).
+    Returns the index page."""
     from great_expectations.data_context.types.resource_identifiers import (
         ExpectationSuiteIdentifier,
     )
 
+    keep = kept_per_suite()
     resources = None
     if validation_ids is not None:
         resources = list(validation_ids) + [ExpectationSuiteIdentifier(name=s.name) for s in context.suites.all()]
     with _build_lock():
+        prune_validations(context, keep)
         context.build_data_docs(site_names=[SITE], resource_identifiers=resources)
     return data_docs_dir() / "index.html"
 
