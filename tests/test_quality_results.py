@@ -205,6 +205,54 @@ def test_data_docs_keep_each_suites_newest_validations_and_the_table_keeps_every
         docs.kept_per_suite()
 
 
+def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validations(monkeypatch, tmp_path):
+    """Thousands of validations a day, one append each: the table is compacted as it grows
+    (a bound of 4 files here), no row is lost, and the queries, which choose validations in
+    Arrow, return what the test works out from the rows it appended."""
+    import datetime as dt
+
+    from streamlake.delta.table import open_table
+    from streamlake.operations import records
+
+    monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", str(tmp_path / "platform"))
+    monkeypatch.setattr(records, "COMPACT_FILES", 4)
+    t0 = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.timezone.utc)
+    # (validation, table, suite, path, to_version, seconds after t0, status); appended in this order
+    plan = [("a1", "silver", "streamlake.p.silver", "/lake/p/silver", 3, 0, "PASS"),
+            ("a2", "silver", "streamlake.p.silver", "/lake/p/silver", 7, 10, "FAIL"),
+            ("a3", "silver", "streamlake.p.silver", "/lake/p/silver", 5, 20, "PASS"),   # a restore: lower version
+            ("a4", "silver", "streamlake.p.silver", "/lake/p/silver", 7, 30, "WARN"),   # ties a2's, newer
+            ("b1", "bronze", "streamlake.p.bronze", "/lake/p/bronze", 2, 5, "PASS"),
+            ("b2", "bronze", "streamlake.p.bronze", "/lake/p/bronze", None, 40, "PASS"),
+            ("c1", "silver", "streamlake.q.silver", "/lake/q/silver", 9, 15, "FAIL")]
+    plan += [(f"z{i}", "gold/x", "streamlake.q.gold.x", "/lake/q/gold", i, 100 + i, "PASS") for i in range(8)]
+    for vid, table, suite, path, to, secs, status in plan:
+        results.append_results([{"validation_id": vid, "run_id": "r" + vid, "table_name": table, "suite": suite,
+                                 "table_path": path, "to_version": to, "validated_at": t0 + dt.timedelta(seconds=secs),
+                                 "status": status, "expectation_key": f"k{j}", "severity": "critical",
+                                 "success": status != "FAIL" or j > 0, "operation": "ingest"} for j in range(3)])
+    files = len(open_table(records.platform_table_path(results.QUALITY_RESULTS.name)).file_uris())
+    assert files <= 4 + 1, f"{files} files after {len(plan)} appends: not compacted"
+    assert sorted(r["validation_id"] for r in results.read_results()) == sorted(p[0] for p in plan for _ in range(3))
+
+    by_id = {p[0]: p for p in plan}
+    newest = lambda ids: max(ids, key=lambda i: (by_id[i][5], i))  # noqa: E731
+    for path in {p[3] for p in plan}:
+        mine = [p for p in plan if p[3] == path and p[4] is not None]
+        top = max(p[4] for p in mine)
+        assert results.last_validation(path)["validation_id"] == newest([p[0] for p in mine if p[4] == top]), path
+    assert results.last_validation("/lake/nowhere") is None
+    expected_latest = {(p[1], p[2]): newest([q[0] for q in plan if (q[1], q[2]) == (p[1], p[2])]) for p in plan}
+    got = results.latest()
+    assert {(v["table_name"], v["suite"]): v["validation_id"] for v in got} == expected_latest
+    assert [v["status"] for v in got] == sorted((v["status"] for v in got), key=results.STATUSES.index)
+    assert {v["validation_id"] for v in results.latest(pipeline="p")} == {"a4", "b2"}
+    assert {v["validation_id"] for v in results.latest(table="silver")} == {"a4", "c1"}
+    assert [v["validation_id"] for v in results.validations(limit=3)] == ["z7", "z6", "z5"]
+    assert [v["validation_id"] for v in results.validations("silver", pipeline="p")] == ["a4", "a3", "a2", "a1"]
+    assert all(len(v["results"]) == 3 for v in got)
+
+
 def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):
     root = tmp_path / "lake"
     tables = {t: str(root / t) for t in ("silver", GOLD, "quarantine")}

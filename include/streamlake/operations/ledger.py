@@ -72,8 +72,6 @@ VERIFIED_RANGES = TableSpec(
     ]),
     description="offset ranges each passing consistency check proved, per topic-partition and table version",
 )
-# Compact the ledger when its snapshot has more files than this (one file per proof).
-COMPACT_FILES = 64
 # Nested restores followed when rebasing onto a restored version.
 MAX_RESTORE_DEPTH = 8
 
@@ -122,17 +120,6 @@ def record_proof(proof: Proof) -> None:
               "next_offset": r.next, "kafka_records": r.kafka_records, "table_rows": r.table_rows}
              for tp, r in sorted(proof.ranges.items())]
     append_rows(VERIFIED_RANGES, rows)
-    _compact_if_needed(ledger_path())
-
-
-def _compact_if_needed(path: str) -> None:
-    """Keep reading the ledger cheap: one file per proof adds up over a year of checks."""
-    try:
-        table = open_table(path)
-        if len(table.file_uris()) > COMPACT_FILES:
-            table.optimize.compact()
-    except Exception as exc:
-        log.warning("compacting %s failed (it is retried after the next check): %s", path, exc)
 
 
 def _ledger_rows(filter_expr=None, columns=None) -> pa.Table | None:

@@ -9,7 +9,11 @@ by default, or an object-store URI (``STREAMLAKE_PLATFORM_ROOT``, or the lake ro
 server, the drivers) reads and writes one ledger instead of each its own disk's.
 
 Appends are blind Delta appends, so tasks running at the same time do not
-conflict: each gets a version of its own. Where two writers could both commit one
+conflict: each gets a version of its own. Each append is a small file, and the
+platform appends thousands a day (a quality validation per table per run), so a
+table whose snapshot holds more than :data:`COMPACT_FILES` files is compacted
+after the append that crossed it (delta-rs ``optimize.compact``; the removed files
+stay for time travel until a vacuum): reads open a bounded number of files. Where two writers could both commit one
 version (S3 without ``conditional_put=etag`` or a lock table) nothing is written:
 :func:`append_rows` raises UnsafeStoreError, as a job's own tables do.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import uuid
 from typing import Iterable, Mapping
 
@@ -46,6 +51,12 @@ OPERATIONS = TableSpec(
 )
 
 
+log = logging.getLogger(__name__)
+
+# Compact a platform table after an append once its snapshot has more files than this.
+COMPACT_FILES = 64
+
+
 def platform_table_path(name: str) -> str:
     return join(platform_root(), name)
 
@@ -67,7 +78,24 @@ def append_rows(spec: TableSpec, rows: Iterable[Mapping]) -> int:
     # Writers that create the table at once can lose their first append to another's commit.
     with_commit_retries(f"append to {spec.name}", lambda _attempt: write_deltalake(
         path, table, mode="append", storage_options=options))
+    compact_if_needed(path, options)
     return len(rows)
+
+
+def compact_if_needed(path: str, options: Mapping[str, str] | None = None) -> bool:
+    """Compact the platform table at ``path`` if its snapshot has more than
+    :data:`COMPACT_FILES` files; True if it did. Never raises: the appended rows are
+    committed either way, and a compaction that fails (another writer's compaction of the
+    same files won) is retried after a later append."""
+    try:
+        table = open_table(path, storage_options=options)
+        if len(table.file_uris()) <= COMPACT_FILES:
+            return False
+        table.optimize.compact()
+        return True
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("compacting %s failed (retried after a later append): %s", path, exc)
+        return False
 
 
 def writable_options(path: str) -> dict[str, str] | None:

@@ -17,6 +17,12 @@ row's lineage), ``exception``, ``status`` (the validation's verdict by
 severity: PASS, WARN or FAIL), ``docs_page`` (its Data Docs page, relative to
 the Data Docs folder), ``dag_id``, ``dag_run_id``, ``task_id`` and ``context``
 (JSON) of the operation.
+
+The table grows by a few dozen rows per validation, thousands of validations a
+day on `make run`. Its appends are compacted
+(:func:`streamlake.operations.records.compact_if_needed`), and the queries choose
+their validations in Arrow: only the rows of the validations a query returns
+become Python objects.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from streamlake.delta.table import TableSpec
 from streamlake.operations.records import append_rows, platform_rows
@@ -57,14 +64,46 @@ def append_results(rows: Iterable[Mapping]) -> int:
     return append_rows(QUALITY_RESULTS, rows)
 
 
-def read_results(**equals) -> list[dict]:
-    """Every recorded row, newest validation first, filtered by equality (None: any)."""
-    table = platform_rows(QUALITY_RESULTS)
-    if table is None:
-        return []
-    rows = [r for r in table.to_pylist() if all(r.get(k) == v for k, v in equals.items() if v is not None)]
+def _where(pipeline: str | None = None, **equals):
+    """A pyarrow filter: each column of ``equals`` equal to its value (None: any), the
+    suites of ``pipeline`` (``streamlake.<pipeline>.<table>``; None: all); None if no condition."""
+    conditions = [pc.field(k) == v for k, v in equals.items() if v is not None]
+    if pipeline is not None:
+        conditions.append(pc.starts_with(pc.field("suite"), pattern=f"streamlake.{pipeline}."))
+    expr = None
+    for c in conditions:
+        expr = c if expr is None else expr & c
+    return expr
+
+
+def _newest_first(rows: list[dict]) -> list[dict]:
     rows.sort(key=lambda r: (r["validated_at"], r["validation_id"]), reverse=True)
     return rows
+
+
+def _rows_of(validation_ids: list[str]) -> list[dict]:
+    """Every row of the given validations, newest validation first."""
+    if not validation_ids:
+        return []
+    table = platform_rows(QUALITY_RESULTS, pc.field("validation_id").isin(validation_ids))
+    return [] if table is None else _newest_first(table.to_pylist())
+
+
+def _validation_index(filter_expr) -> list[dict]:
+    """One entry per validation matching ``filter_expr`` (``validation_id``, ``validated_at``,
+    ``table_name``, ``suite``, ``to_version``), newest first; read and grouped in Arrow."""
+    keys = ["validation_id", "table_name", "suite", "to_version"]
+    table = platform_rows(QUALITY_RESULTS, filter_expr, keys + ["validated_at"])
+    if table is None or table.num_rows == 0:
+        return []
+    index = table.group_by(keys).aggregate([("validated_at", "max")]).rename_columns(keys + ["validated_at"])
+    return _newest_first(index.to_pylist())
+
+
+def read_results(**equals) -> list[dict]:
+    """Every recorded row, newest validation first, filtered by equality (None: any)."""
+    table = platform_rows(QUALITY_RESULTS, _where(**equals))
+    return [] if table is None else _newest_first(table.to_pylist())
 
 
 def failing_first(rows: Iterable[Mapping]) -> list[dict]:
@@ -102,31 +141,24 @@ def group_validations(rows: Iterable[Mapping]) -> OrderedDict[str, list[dict]]:
     return out
 
 
-def _of_pipeline(rows: list[dict], pipeline: str | None) -> list[dict]:
-    """The rows of ``pipeline``'s suites (``streamlake.<pipeline>.<table>``); all when None."""
-    if pipeline is None:
-        return rows
-    prefix = f"streamlake.{pipeline}."
-    return [r for r in rows if (r.get("suite") or "").startswith(prefix)]
-
-
 def validations(table: str | None = None, limit: int | None = None, pipeline: str | None = None) -> list[dict]:
-    """Summaries of recorded validations, newest first (optionally of one table, of one pipeline)."""
-    rows = _of_pipeline(read_results(table_name=table), pipeline)
-    out = [summarize(group) for group in group_validations(rows).values()]
-    return out[:limit] if limit else out
+    """Summaries of recorded validations, newest first (optionally of one table, of one
+    pipeline; the newest ``limit``)."""
+    index = _validation_index(_where(pipeline, table_name=table))
+    chosen = [v["validation_id"] for v in (index[:limit] if limit else index)]
+    return [summarize(group) for group in group_validations(_rows_of(chosen)).values()]
 
 
 def latest(table: str | None = None, pipeline: str | None = None) -> list[dict]:
     """The latest validation per (table, suite): its summary plus ``results`` (its
     expectation rows, failing first). Failing validations first, then by table."""
-    seen: dict[tuple, dict] = {}
-    for rows in group_validations(_of_pipeline(read_results(table_name=table), pipeline)).values():
-        key = (rows[0]["table_name"], rows[0]["suite"])
-        if key not in seen:  # rows are newest first
-            seen[key] = {**summarize(rows), "results": failing_first(rows)}
-    return sorted(seen.values(), key=lambda v: (STATUSES.index(v["status"]) if v["status"] in STATUSES else 9,
-                                                v["table_name"], v["suite"]))
+    newest: dict[tuple, str] = {}
+    for v in _validation_index(_where(pipeline, table_name=table)):  # newest first
+        newest.setdefault((v["table_name"], v["suite"]), v["validation_id"])
+    out = [{**summarize(rows), "results": failing_first(rows)}
+           for rows in group_validations(_rows_of(list(newest.values()))).values()]
+    return sorted(out, key=lambda v: (STATUSES.index(v["status"]) if v["status"] in STATUSES else 9,
+                                      v["table_name"], v["suite"]))
 
 
 def trend(table: str, limit: int = 200, pipeline: str | None = None) -> list[dict]:
@@ -138,11 +170,10 @@ def last_validation(table_path: str) -> dict | None:
     """Summary (:func:`summarize`) of the validation that reached furthest into the table
     at ``table_path`` (highest ``to_version``; the newest of those), or None."""
     best = None
-    for rows in group_validations(read_results(table_path=str(table_path))).values():  # newest first
-        to = rows[0]["to_version"]
-        if to is not None and (best is None or to > best[0]["to_version"]):
-            best = rows
-    return summarize(best) if best else None
+    for v in _validation_index(_where(table_path=str(table_path))):  # newest first
+        if v["to_version"] is not None and (best is None or v["to_version"] > best["to_version"]):
+            best = v
+    return summarize(_rows_of([best["validation_id"]])) if best else None
 
 
 def last_validated_version(table_path: str) -> int | None:
