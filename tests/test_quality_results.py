@@ -207,8 +207,9 @@ def test_data_docs_keep_each_suites_newest_validations_and_the_table_keeps_every
 
 def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validations(monkeypatch, tmp_path):
     """Thousands of validations a day, one append each: the table is compacted as it grows
-    (a bound of 4 files here), no row is lost, and the queries, which choose validations in
-    Arrow, return what the test works out from the rows it appended."""
+    (a bound of 4 files here) and vacuumed past its retention, no row is lost, and the
+    queries, which choose validations in Arrow, return what the test works out from the rows
+    it appended."""
     import datetime as dt
 
     from streamlake.delta.table import open_table
@@ -216,6 +217,7 @@ def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validati
 
     monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", str(tmp_path / "platform"))
     monkeypatch.setattr(records, "COMPACT_FILES", 4)
+    monkeypatch.setattr(records, "VACUUM_RETENTION_HOURS", 1)
     t0 = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.timezone.utc)
     # (validation, table, suite, path, to_version, seconds after t0, status); appended in this order
     plan = [("a1", "silver", "streamlake.p.silver", "/lake/p/silver", 3, 0, "PASS"),
@@ -231,8 +233,11 @@ def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validati
                                  "table_path": path, "to_version": to, "validated_at": t0 + dt.timedelta(seconds=secs),
                                  "status": status, "expectation_key": f"k{j}", "severity": "critical",
                                  "success": status != "FAIL" or j > 0, "operation": "ingest"} for j in range(3)])
-    files = len(open_table(records.platform_table_path(results.QUALITY_RESULTS.name)).file_uris())
+    results_dir = records.platform_table_path(results.QUALITY_RESULTS.name)
+    files = len(open_table(results_dir).file_uris())
     assert files <= 4 + 1, f"{files} files after {len(plan)} appends: not compacted"
+    # a retention of one hour: the files the compactions removed a moment ago stay on disk
+    assert len(list(Path(results_dir).glob("*.parquet"))) > files
     assert sorted(r["validation_id"] for r in results.read_results()) == sorted(p[0] for p in plan for _ in range(3))
 
     by_id = {p[0]: p for p in plan}
@@ -251,6 +256,14 @@ def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validati
     assert [v["validation_id"] for v in results.validations(limit=3)] == ["z7", "z6", "z5"]
     assert [v["validation_id"] for v in results.validations("silver", pipeline="p")] == ["a4", "a3", "a2", "a1"]
     assert all(len(v["results"]) == 3 for v in got)
+
+    # a retention of none: the next compaction's vacuum leaves only the snapshot's files, every row readable
+    monkeypatch.setattr(records, "VACUUM_RETENTION_HOURS", 0)
+    monkeypatch.setattr(records, "COMPACT_FILES", 0)
+    assert records.compact_if_needed(results_dir)
+    assert {f.name for f in Path(results_dir).glob("*.parquet")} == \
+        {Path(u).name for u in open_table(results_dir).file_uris()}
+    assert len(results.read_results()) == 3 * len(plan)
 
 
 def test_validate_operation_fails_on_critical_and_records_everything(spark, tmp_path):

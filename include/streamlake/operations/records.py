@@ -12,8 +12,11 @@ Appends are blind Delta appends, so tasks running at the same time do not
 conflict: each gets a version of its own. Each append is a small file, and the
 platform appends thousands a day (a quality validation per table per run), so a
 table whose snapshot holds more than :data:`COMPACT_FILES` files is compacted
-after the append that crossed it (delta-rs ``optimize.compact``; the removed files
-stay for time travel until a vacuum): reads open a bounded number of files. Where two writers could both commit one
+after the append that crossed it (delta-rs ``optimize.compact``), and then
+vacuumed: the files compactions removed more than :data:`VACUUM_RETENTION_HOURS`
+ago are deleted (Delta's default retention, so a reader of a week-old snapshot
+still finds its files). Reads open a bounded number of files, and the disk holds
+a bounded week of them. Where two writers could both commit one
 version (S3 without ``conditional_put=etag`` or a lock table) nothing is written:
 :func:`append_rows` raises UnsafeStoreError, as a job's own tables do.
 """
@@ -55,6 +58,8 @@ log = logging.getLogger(__name__)
 
 # Compact a platform table after an append once its snapshot has more files than this.
 COMPACT_FILES = 64
+# After a compaction, delete the files compactions removed longer ago than this.
+VACUUM_RETENTION_HOURS = 7 * 24
 
 
 def platform_table_path(name: str) -> str:
@@ -84,14 +89,16 @@ def append_rows(spec: TableSpec, rows: Iterable[Mapping]) -> int:
 
 def compact_if_needed(path: str, options: Mapping[str, str] | None = None) -> bool:
     """Compact the platform table at ``path`` if its snapshot has more than
-    :data:`COMPACT_FILES` files; True if it did. Never raises: the appended rows are
-    committed either way, and a compaction that fails (another writer's compaction of the
-    same files won) is retried after a later append."""
+    :data:`COMPACT_FILES` files, then vacuum it (files removed more than
+    :data:`VACUUM_RETENTION_HOURS` ago); True if it compacted. Never raises: the appended
+    rows are committed either way, and a compaction that fails (another writer's
+    compaction of the same files won) is retried after a later append."""
     try:
         table = open_table(path, storage_options=options)
         if len(table.file_uris()) <= COMPACT_FILES:
             return False
         table.optimize.compact()
+        table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
         return True
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.warning("compacting %s failed (retried after a later append): %s", path, exc)
