@@ -6,7 +6,7 @@ BIN   := $(VENV)/bin
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup test test-fast test-scenarios profile-test run stop bench lock clean
+.PHONY: setup test test-fast test-scenarios profile-test run stop bench lock lock-jars clean
 
 setup:
 	@bash scripts/setup.sh
@@ -71,6 +71,12 @@ lock:
 	rm -rf .lockenv && python3 -m venv .lockenv && .lockenv/bin/pip install -q -r requirements.txt \
 	  && { echo "# Full lock of the environment requirements.txt resolves to (pip freeze)."; \
 	       echo "# Regenerate: make lock"; .lockenv/bin/pip freeze; } > constraints.txt && rm -rf .lockenv
+
+# Re-resolve a jar set's lock (jars/<set>.sha256) after changing its pom (jars/<set>.pom.xml),
+# from Maven Central; SET=kafka for one set, every set by default. `make setup` installs it.
+SET ?=
+lock-jars:
+	bash scripts/jars.sh lock $(SET)
 
 clean: stop
 	rm -rf .streamlake bench/work

