@@ -38,7 +38,7 @@ from streamlake import logs
 from streamlake.errors import StreamLakeError
 from streamlake.operations.control import HandoverPending, JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
-from streamlake.pipeline.definition import check_rules
+from streamlake.pipeline.definition_check import check_definition
 from streamlake.pipeline.driver import describe_failure, platform_error, run_stages
 from streamlake.spark.session import get_spark
 
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"pipeline: {cfg.describe()}", flush=True)
     try:
+        if cfg.definition is not None:  # before the warm-up: a refused definition starts no Python worker
+            check_definition(cfg.definition, spark=spark)
         if not args.await_handover:  # a rescale stopped the job for its own run meanwhile: leave before the
             control.check_no_handover_pending()  # warm-up (run_stages checks again once it holds the job lock)
         begin_warm_up(spark, cfg.bronze_config())  # the executors' Python starts while the driver sets up
-        if cfg.definition is not None:
-            check_rules(spark, cfg.definition)
         if args.await_handover:  # started while the operation stops the job: nothing is read or written before
             waiting = time.monotonic()
             control.await_handover(args.await_handover, HANDOVER_TIMEOUT_S, report=lambda line: print(line, flush=True))

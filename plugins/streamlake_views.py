@@ -674,8 +674,18 @@ def _pipeline_overview(name: str) -> dict:
     from streamlake.pipeline.late_events import pending_count
     from streamlake.quality.results import latest
 
+    from streamlake.pipeline.definition import DefinitionError
+
     job = _reachable(load_job(name))
-    definition = job.definition
+    try:  # what the next run applies: a file that no longer loads is shown beside the pipeline
+        job.file_definition()
+        file_error = None
+    except DefinitionError as exc:
+        file_error = str(exc)
+    try:
+        definition = job.definition  # the one its tables were built with, else the file's
+    except DefinitionError:
+        definition = None
     tables = {}
     for table, path in job.tables().items():
         try:
@@ -696,8 +706,10 @@ def _pipeline_overview(name: str) -> dict:
         key = (row.get("kind") or "kafka-audit", _table_of(row.get("table_path")))
         last_checks.setdefault(key, row)
     quality = {v["table_name"]: v["status"] for v in latest(None, name)}
-    return {"name": name, "definition": definition.source if definition else None,
-            "description": definition.description if definition else "", "topics": job.source_topics,
+    return {"name": name, "definition": definition.source if definition else job.definition_file,
+            "definition_error": file_error,
+            "description": definition.description if definition else "",
+            "topics": job.source_topics if definition or not job.definition_file else [],
             "root": job.root, "running": job.control.is_running(), "tables": tables, "pending_late_events": pending,
             "aggregates": {a.name: {"keys": list(a.keys), "window": str(a.window),
                                     "measures": {m.column: m.expression for m in a.measures}}
@@ -705,6 +717,14 @@ def _pipeline_overview(name: str) -> dict:
             "checks": [{"check": CHECK_NAMES.get(kind, kind), "table": table, "verdict": r["verdict"],
                         "checked_at": r["checked_at"]} for (kind, table), r in last_checks.items()],
             "quality": quality}
+
+
+def _definition_error(error: str | None) -> str:
+    if not error:
+        return ""
+    return ("<p class='definition-error'><span class='FAIL'>The definition file does not load</span>: "
+            f"{html.escape(error)}. New runs fail until it is fixed; a running job keeps the definition its "
+            "tables were built with (<code>streamlake pipeline validate FILE</code>).</p>")
 
 
 @app.get("/api/pipelines")
@@ -749,7 +769,7 @@ def pipelines(request: Request) -> HTMLResponse:
             f"<span class='muted'>{'running' if p['running'] else 'idle'}</span></h2>"
             f"<p>{html.escape(p['description'])}</p><p class='muted'>topics {html.escape(', '.join(p['topics']))} · "
             f"root <code>{html.escape(p['root'])}</code> · definition <code>{html.escape(p['definition'] or '-')}"
-            f"</code></p><p>{links}</p><ul>{aggs}</ul>"
+            f"</code></p>{_definition_error(p['definition_error'])}<p>{links}</p><ul>{aggs}</ul>"
             + _table(["table", "Delta version", "latest quality", "late events pending"], rows, "")
             + _table(["check", "table", "verdict", "checked at"], checks_rows, "No checks recorded yet.")
             + "</section>")
@@ -759,7 +779,7 @@ def pipelines(request: Request) -> HTMLResponse:
     if broken:
         rows = [[_td(path.name), _td(message, "FAIL")] for path, message in broken.items()]
         body.append("<section class='definition-errors'><h2>Definitions that do not load</h2><p class='muted'>"
-                    "These files get no DAGs until they are fixed (<code>streamlake pipeline validate FILE</code>)."
+                    "A new file gets no DAGs until it is fixed; a pipeline that ran before keeps its DAGs, and its runs fail until the file is fixed (<code>streamlake pipeline validate FILE</code>)."
                     "</p>" + _table(["file", "what is wrong"], rows, "") + "</section>")
     return _page("Pipelines", "".join(body))
 

@@ -129,5 +129,7 @@ def test_a_definition_that_does_not_load_is_listed_with_why_and_the_others_stay(
     assert errors and "typo.yaml" in errors.group(1) and "schema.amount" in errors.group(1), page[-2000:]
     assert "data-pipeline='orders'" in page and "data-pipeline='sensors'" in page
     dags = DagBag(dag_folder=str(ROOT / "dags"))
-    assert not dags.import_errors and {"ingest_orders", "ingest_sensors"} <= set(dags.dag_ids)
+    assert {"ingest_orders", "ingest_sensors"} <= set(dags.dag_ids)
+    assert [Path(f).name for f in dags.import_errors] == ["pipeline_definitions.py"], dags.import_errors
+    assert "typo.yaml: schema.amount: " in next(iter(dags.import_errors.values()))
     assert not any("typo" in d for d in dags.dag_ids)

@@ -29,17 +29,19 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def home() -> Path:
-    """Runtime directory; created on first use."""
+def home(create: bool = True) -> Path:
+    """Runtime directory; created on first use (``create=False``: a reader that writes nothing)."""
     path = Path(os.environ.get(ENV_HOME) or project_root() / ".streamlake")
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def run_dir() -> Path:
-    """Where services keep their pid/state files."""
-    path = home() / "run"
-    path.mkdir(parents=True, exist_ok=True)
+def run_dir(create: bool = True) -> Path:
+    """Where services keep their pid/state files (``create=False``: see :func:`home`)."""
+    path = home(create) / "run"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

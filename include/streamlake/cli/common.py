@@ -40,11 +40,14 @@ def resolve_job(args):
 
     if getattr(args, "job", None):
         return load_job(args.job)
-    job = job_for_root(args.root, definition_file=getattr(args, "definition", None))
-    if getattr(args, "definition", None) and job.definition is not None:
-        from streamlake.pipeline.definition import load_definition
+    given = None
+    if getattr(args, "definition", None):  # checked whole before anything is recorded
+        from streamlake.pipeline.definition_check import checked_definition
 
-        wanted = load_definition(args.definition).name
+        given = checked_definition(args.definition, remote=getattr(args, "remote", None))
+    job = job_for_root(args.root, definition_file=getattr(args, "definition", None))
+    if given is not None and job.definition is not None:
+        wanted = given.name
         if wanted != job.definition.name:
             raise StreamLakeError(f"{job.root} holds pipeline {job.definition.name}, not {wanted}")
     if not (jobs_dir() / f"{job.name}.json").exists():

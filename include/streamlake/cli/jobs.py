@@ -20,9 +20,9 @@ def cmd_job(args) -> int:
         from streamlake.storage.location import normalize, parse_pairs
 
         if args.definition:
-            from streamlake.pipeline.definition import load_definition
+            from streamlake.pipeline.definition_check import checked_definition
 
-            load_definition(args.definition)  # a wrong definition: the key and the problem, nothing recorded
+            checked_definition(args.definition)  # a wrong definition: the key and the problem, nothing recorded
         try:
             spec = load_job(args.name)
             if args.root and normalize(args.root) != spec.root:

@@ -28,39 +28,10 @@ from streamlake.cli.common import add_remote_argument, connect_or_submit_command
 from streamlake.cli.ingest import run_job_foreground
 
 
-def validate_definition(path: str, spark=None):
-    """Load and check a definition file completely: structure, types, durations, the
-    ``datagen`` hints and (with Spark) that every rule is a boolean SQL expression over the
-    fields. Uses ``spark`` or the active session, else starts a small local one (only when
-    the definition has rules). Raises DefinitionError naming the key."""
-    from streamlake.kafka.events import check_datagen
-    from streamlake.pipeline.definition import DefinitionError, check_rules, load_definition
-
-    definition = load_definition(path)
-    try:
-        check_datagen(definition)
-    except ValueError as exc:
-        raise DefinitionError("datagen", str(exc), definition.source) from None
-    if definition.rules:
-        from pyspark.sql import SparkSession
-
-        session = spark or SparkSession.getActiveSession()
-        if session is not None:
-            check_rules(session, definition)
-        else:
-            from streamlake.spark.session import get_spark
-
-            session = get_spark("streamlake-validate", master="local[1]",
-                                conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"})
-            try:
-                check_rules(session, definition)
-            finally:
-                session.stop()
-    return definition
-
-
 def cmd_validate(args) -> int:
-    definition = validate_definition(args.file)
+    from streamlake.pipeline.definition_check import checked_definition
+
+    definition = checked_definition(args.file)
     print(definition.summary())
     return 0
 
@@ -74,6 +45,10 @@ def cmd_run(args) -> int:
     from streamlake.storage.location import is_secret, require_safe_commits
 
     cfg = config_from_args(args)
+    if cfg.definition is not None:  # what only Spark finds too, before anything is written
+        from streamlake.pipeline.definition_check import check_definition
+
+        check_definition(cfg.definition, remote=args.remote)
     recorded = recorded_storage_options(cfg.root)  # the root's job's options; those given win
     if recorded:
         cfg = replace(cfg, storage_options={**recorded, **cfg.storage_options})

@@ -296,6 +296,26 @@ def _scan_definitions() -> tuple[dict[str, Path], dict[Path, str]]:
     return found, errors
 
 
+def pipeline_names() -> list[str]:
+    """The pipelines whose DAGs exist: every definition in :func:`pipelines_dir` that loads,
+    and every job of a file there that no longer loads but whose tables were built with an
+    earlier version of it. Such a job keeps running on that last good definition; its runs
+    refuse to start, saying what is wrong with the file, until it is fixed."""
+    from streamlake.pipeline.evolution import applied_definition
+
+    names = dict(definition_files())
+    broken = {p.resolve() for p in definition_errors()}
+    for path in sorted(jobs_dir().glob("*.json")):
+        try:
+            spec = JobSpec.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, InvalidOptionError):
+            continue
+        if (spec.name not in names and spec.definition_file and Path(spec.definition_file).resolve() in broken
+                and applied_definition(spec.root) is not None):
+            names[spec.name] = Path(spec.definition_file)
+    return sorted(names)
+
+
 def jobs_dir() -> Path:
     path = config.home() / "jobs"
     path.mkdir(parents=True, exist_ok=True)

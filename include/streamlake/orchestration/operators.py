@@ -257,11 +257,20 @@ class JobRunOperator(_ConnectFirstOperator):
         run that completes a restore or rescale then fails instead (a continuous run, or another
         rescale, was started after the operation's trigger: deal with it, then clear this task).
         The run of a rescale that refused its handover (it failed before it) fails without
-        retrying, with the rescale's reason: the refusal is for good."""
+        retrying, with the rescale's reason: the refusal is for good. So does a run whose
+        definition file no longer loads, saying why, before anything starts."""
         from streamlake.operations.control import HandoverPending, JobSupervised
         from streamlake.orchestration.tasks import leave_the_job
+        from streamlake.pipeline.definition import DefinitionError
 
-        control = self.job_spec().control
+        job = self.job_spec()
+        try:
+            job.file_definition()  # what the run would apply: a file that does not load starts nothing
+        except DefinitionError as exc:
+            raise AirflowFailException(f"the job was not started: its definition file does not load: {exc}. A job "
+                                       "running now keeps running on its last good definition; fix the file "
+                                       "(`streamlake pipeline validate FILE`), then run again.") from None
+        control = job.control
         try:
             with control.scheduled_run():
                 if not self.handover:

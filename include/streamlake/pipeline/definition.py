@@ -23,10 +23,11 @@ derived from it (README, *Pipeline definitions*)::
         allowed_lateness: 30s
         measures: {clicks: count(*), dwell: sum(dwell_ms)}
 
-:func:`load_definition` reads and checks a file without Spark and raises
-:class:`DefinitionError` naming the key that is wrong; :func:`check_rules`
-checks, with a Spark session, that every rule is a boolean Spark SQL
-expression over the declared fields. :meth:`PipelineDefinition.to_dict` is the
+:func:`load_definition` reads and checks a file without Spark (its rules
+statically: :mod:`streamlake.pipeline.rules`) and raises
+:class:`DefinitionError` naming the key that is wrong;
+:func:`streamlake.pipeline.definition_check.check_definition` adds what only
+Spark's analyzer finds, before a command writes anything. :meth:`PipelineDefinition.to_dict` is the
 normal form that is stored with a pipeline's tables and compared when the
 definition changes (:mod:`streamlake.pipeline.evolution`).
 """
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamlake.errors import InvalidOptionError, StreamLakeError
+from streamlake.pipeline.rules import static_rule_problem
 from streamlake.pipeline.types import FieldType, parse_type
 from streamlake.pipeline.windows import WindowSpec, format_duration_ms, parse_duration_ms
 
@@ -79,6 +81,16 @@ class DefinitionError(StreamLakeError, ValueError):
         self.key, self.message, self.source = key, message, source
         where = f"{source}: " if source else ""
         super().__init__(f"{where}{key}: {message}")
+
+
+class DefinitionFilesError(StreamLakeError):
+    """Definition files that do not load: ``errors`` maps each file to why (a
+    DefinitionError's text, which names the file and the key). The message has a line each."""
+
+    def __init__(self, errors: Mapping[Path, str]):
+        self.errors = dict(errors)
+        lines = [why if why.startswith(str(path)) else f"{path}: {why}" for path, why in self.errors.items()]
+        super().__init__(f"{len(lines)} pipeline definition file(s) do not load:\n" + "\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -311,6 +323,9 @@ def _rules(data: Mapping, fields: tuple[Field, ...]) -> tuple[Rule, ...]:
         if not isinstance(check, str) or not check.strip():
             raise DefinitionError(f"{key}.check", "must be a Spark SQL boolean expression over the fields, "
                                                   "e.g. \"dwell_ms >= 0\"")
+        problem = static_rule_problem(check.strip(), {f.name: f.type for f in fields})
+        if problem:
+            raise DefinitionError(f"{key}.check", f"rule {name}: {check.strip()!r}: {problem}")
         out.append(Rule(name, check.strip()))
     return tuple(out)
 
@@ -482,47 +497,3 @@ def _with_source(definition: PipelineDefinition, source: str) -> PipelineDefinit
     from dataclasses import replace
 
     return replace(definition, source=source)
-
-
-def check_rules(spark, definition: PipelineDefinition) -> None:
-    """Every rule is a boolean Spark SQL expression over the declared fields (analysed by
-    Spark on an empty DataFrame of the typed fields; nothing runs). Raises DefinitionError
-    naming the rule."""
-    import logging
-
-    from pyspark.errors import PySparkException
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType
-
-    if not definition.rules:
-        return
-    empty = spark.createDataFrame([], ", ".join(f"`{f.name}` {f.type.sql}" for f in definition.fields))
-    context_logger = logging.getLogger("SQLQueryContextLogger")  # pyspark logs every analysis error in full
-    level = context_logger.level
-    context_logger.setLevel(logging.CRITICAL)
-    try:
-        for i, rule in enumerate(definition.rules):
-            key = f"rules[{i}].check"
-            try:
-                column = F.expr(rule.check)
-                dtype = empty.select(column.alias("r")).schema["r"].dataType
-                empty.where(column).schema  # aggregates and windows are refused here (analysed: Connect is lazy)
-            except PySparkException as exc:
-                raise DefinitionError(key, f"rule {rule.name}: {rule.check!r} is not a valid Spark SQL expression "
-                                           f"over the declared fields: {_first_line(exc)}", definition.source) \
-                    from None
-            if not isinstance(dtype, BooleanType):
-                raise DefinitionError(key, f"rule {rule.name}: {rule.check!r} is of type {dtype.simpleString()}, "
-                                           "not a boolean", definition.source)
-    finally:
-        context_logger.setLevel(level)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    first = re.sub(r"\s*SQLSTATE: \w+;?.*$", "", first)
-    if len(lines) > 1 and "PARSE_SYNTAX_ERROR" in first:
-        first += " " + lines[1]
-    return first

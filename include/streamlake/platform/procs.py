@@ -34,13 +34,13 @@ class ServiceState:
     info: dict = field(default_factory=dict)
 
 
-def state_file(name: str) -> Path:
-    return config.run_dir() / f"{name}.json"
+def state_file(name: str, create: bool = True) -> Path:
+    return config.run_dir(create) / f"{name}.json"
 
 
 def _load(name: str) -> ServiceState | None:
-    try:
-        return ServiceState(**json.loads(state_file(name).read_text()))
+    try:  # reading a state creates no directory: a command refused early leaves the home as it was
+        return ServiceState(**json.loads(state_file(name, create=False).read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
