@@ -362,7 +362,7 @@ def main() -> int:
     from streamlake.operations.audit import CHUNK_OFFSETS, PREFETCH_KB
     from streamlake.platform import broker
 
-    state = broker.start(free_port())
+    state = broker.start(broker.find_free_port())
     os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"] = state["bootstrap"]
     entries = []
     try:

@@ -62,13 +62,13 @@ def spark_cores(master: str) -> int:
 
 @contextmanager
 def private_broker(work: Path):
-    """An embedded broker of its own (own STREAMLAKE_HOME, free port) for one bench;
+    """An embedded Kafka of its own (one node, own STREAMLAKE_HOME, free ports) for one bench;
     ``STREAMLAKE_KAFKA_BOOTSTRAP`` points at it while the block runs."""
     os.environ["STREAMLAKE_HOME"] = str(work / "home")
     os.environ.pop("STREAMLAKE_KAFKA_BOOTSTRAP", None)
     from streamlake.platform import broker
 
-    state = broker.start(free_port())
+    state = broker.start(broker.find_free_port())
     os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"] = state["bootstrap"]
     try:
         yield state["bootstrap"]

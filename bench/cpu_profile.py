@@ -43,6 +43,8 @@ KINDS: list[tuple[str, re.Pattern]] = [(kind, re.compile(pattern)) for kind, pat
     ("JVM: Spark standalone master/worker", r"java .*deploy\.(master\.Master|worker\.Worker)\b"),
     ("JVM: Spark executor", r"java .*CoarseGrainedExecutorBackend"),
     ("JVM: spark-submit job", r"java .*SparkSubmit"),
+    # the embedded Kafka's nodes and its storage tool (streamlake.platform.broker)
+    ("JVM: Kafka broker (kafka.Kafka)", r"java .*\bkafka\.(Kafka|tools\.StorageTool)\b"),
     ("JVM: other", r"^\S*java "),
     ("Python: Spark streaming source runner", r"python_streaming_source_runner"),
     ("Python: Spark worker and planner daemons", r"-m pyspark\.(daemon|worker)\b"),
@@ -60,7 +62,6 @@ KINDS: list[tuple[str, re.Pattern]] = [(kind, re.compile(pattern)) for kind, pat
     ("Airflow: task processes", r"^airflow (worker|task)|bin/airflow (tasks|dags test)"),
     ("Airflow: other", r"bin/airflow |^airflow "),
     ("browser (Chromium, Playwright)", r"chrom|headless_shell|playwright/driver"),
-    ("Kafka broker (tansu)", r"bin/tansu "),
     ("S3 server (moto)", r"\bmoto\b"),
     ("set-up (pip, venv, class archive)", r"\bpip\b|-m venv|class_archive"),
 ]]

@@ -1,10 +1,11 @@
 """Shared test fixtures: one embedded broker and one SparkSession per test session.
 
-Everything is real: the Tansu broker speaks the Kafka protocol, Spark runs in
-local mode, Delta tables are written to disk by delta-rs. The session gets its
-own STREAMLAKE_HOME and broker port, so a developer's running demo is untouched.
-`make test` runs two pytest-xdist workers, each a session of its own: its own home,
-broker, SparkSession and Airflow database (which files go where: PLATFORM_FILES below).
+Everything is real: the broker is Apache Kafka (KRaft, one node, from the jars
+`make setup` fetched), Spark runs in local mode, Delta tables are written to disk
+by delta-rs. The session gets its own STREAMLAKE_HOME and broker ports, so a
+developer's running demo is untouched. `make test` runs two pytest-xdist workers,
+each a session of its own: its own home, broker, SparkSession and Airflow database
+(which files go where: PLATFORM_FILES below).
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ def _remembered_storage_options_stay_in_their_test(monkeypatch):
 
 @pytest.fixture(scope="session")
 def broker():
-    """The embedded broker on a free port; STREAMLAKE_KAFKA_BOOTSTRAP points at it."""
+    """The embedded Kafka (one node) on free ports, its data in the session's STREAMLAKE_HOME;
+    STREAMLAKE_KAFKA_BOOTSTRAP points at it."""
     from streamlake.platform import broker as embedded
 
-    state = embedded.start(_free_port())
+    state = embedded.start(embedded.find_free_port())
     os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"] = state["bootstrap"]
     yield state["bootstrap"]
     embedded.stop()
@@ -328,9 +330,9 @@ def lake(tmp_path):
 # HTML, the CLI, the generator, and one small end-to-end run of the demo pipeline (produced
 # while it runs, with late, duplicated and malformed records, compared with the tests' own
 # oracle). `make test` runs these and everything else.
-FAST_FILES = {"test_audit_compare.py", "test_broker_state.py", "test_checkpoint.py", "test_cli_args.py",
+FAST_FILES = {"test_audit_compare.py", "test_checkpoint.py", "test_cli_args.py",
               "test_compose.py", "test_dags.py", "test_definitions.py", "test_events.py", "test_fork_server.py",
-              "test_logs.py",
+              "test_lake_archive.py", "test_logs.py",
               "test_offsets.py", "test_sink_plan.py", "test_supervisor.py", "test_views.py"}
 FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_records_with_their_labelled_reasons"
               "[sensors]",

@@ -231,7 +231,11 @@ def start_platform(home: Path, *, rate: float = 200, other_rate: float | None = 
     if not schedules:
         extra["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "False"
     env = platform_env(home, extra)
-    port, kafka, spark, spark_ui, connect = free_port(), free_port(), free_port(), free_port(), free_port()
+    from streamlake.platform import broker
+
+    # Kafka's node takes two ports: its clients' and its controller's, the next one
+    kafka = broker.find_free_port()
+    port, spark, spark_ui, connect = free_port(), free_port(), free_port(), free_port()
     done = subprocess.run([STREAMLAKE, "platform", "--port", str(port), "--kafka-port", str(kafka),
                            "--spark-port", str(spark), "--spark-ui-port", str(spark_ui),
                            "--spark-connect-port", str(connect), "--rate", str(rate),

@@ -1,6 +1,6 @@
 """``streamlake``: the platform's command line, one module per command group.
 
-    streamlake kafka start|stop|status     embedded Kafka-protocol broker       (cli/kafka.py)
+    streamlake kafka start|stop|status     embedded Apache Kafka (KRaft)        (cli/kafka.py)
     streamlake produce --definition F --count N   labelled records of a pipeline  (cli/kafka.py)
     streamlake ingest --topic T --table D --checkpoint C [--available-now | --processing-time S]
     streamlake audit --topic T --table D   exactly-once proof (exit 0 only if clean)

@@ -1,4 +1,4 @@
-"""``streamlake kafka`` (the embedded broker) and ``streamlake produce`` (demo and test data of a definition)."""
+"""``streamlake kafka`` (the embedded Apache Kafka cluster) and ``streamlake produce`` (demo and test data of a definition)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,49 @@ def cmd_kafka(args) -> int:
     from streamlake.platform import broker
 
     if args.action == "start":
-        state = broker.start(args.port)
+        port, brokers = args.port, args.brokers
+        if args.reset:
+            previous = _reset(broker)
+            if previous:  # an empty cluster of the same layout unless told otherwise
+                port = port or previous["nodes"][0]["port"]
+                brokers = brokers or len(previous["nodes"])
+        state = broker.start(port, brokers)
         word = "already running" if state.pop("already_running") else "started"
-        print(f"embedded Kafka broker {word} at {state['bootstrap']} (pid {state['pid']})")
+        nodes = state["brokers"]
+        pids = ", ".join(str(b["pid"]) for b in nodes)
+        what = "1 node" if len(nodes) == 1 else f"{len(nodes)} nodes"
+        print(f"Apache Kafka {state['kafka']} ({what}, KRaft) {word} at {state['bootstrap']} (pid {pids}; "
+              f"data {state['data']})")
         if os.environ.get(config.ENV_BOOTSTRAP) and os.environ[config.ENV_BOOTSTRAP] != state["bootstrap"]:
             print(f"note: {config.ENV_BOOTSTRAP}={os.environ[config.ENV_BOOTSTRAP]} overrides it for clients")
         return 0
+    if args.reset:
+        raise RuntimeError("--reset goes with start")
     if args.action == "stop":
-        print("embedded Kafka broker stopped" if broker.stop() else "embedded Kafka broker was not running")
+        print("embedded Kafka stopped (its topics stay)" if broker.stop() else "embedded Kafka was not running")
         return 0
     state = broker.status()
     state["clients_use"] = config.bootstrap_servers()
     print_json(state)
     return 0 if state["running"] else 1
+
+
+def _reset(broker) -> dict | None:
+    """``kafka start --reset``: say what goes, then delete it; returns the deleted cluster's record."""
+    if any(b["running"] for b in broker.status(probe=False)["brokers"]):
+        raise RuntimeError("Kafka is running: stop it first (`streamlake kafka stop`), then start with --reset")
+    try:
+        record = broker.load_record()
+    except RuntimeError:
+        record = None
+    if not broker.kafka_dir().exists():
+        print(f"--reset: no Kafka data under {broker.kafka_dir()}: nothing to delete")
+        return None
+    what = f"cluster {record['cluster_id']}, {len(record['nodes'])} node(s)" if record else "no cluster record"
+    print(f"--reset: deleting the embedded Kafka's data ({what}: every topic and offset) under {broker.kafka_dir()}; "
+          f"tables and checkpoints written from those topics now refer to offsets no topic holds")
+    broker.reset()
+    return record
 
 
 def cmd_produce(args) -> int:
@@ -51,9 +81,16 @@ def cmd_produce(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    k = sub.add_parser("kafka", help="embedded Kafka-protocol broker (dev/test)")
+    k = sub.add_parser("kafka", help="the embedded Apache Kafka cluster (KRaft, dev/test): start, stop, status")
     k.add_argument("action", choices=["start", "stop", "status"])
-    k.add_argument("--port", type=int, default=config.DEFAULT_BROKER_PORT)
+    k.add_argument("--port", type=int, metavar="P",
+                   help=f"first client port (default: the cluster's recorded port, else {config.DEFAULT_BROKER_PORT}); "
+                        f"node i (0-based) of N serves clients on P+i, its controller on P+N+i")
+    k.add_argument("--brokers", type=int, metavar="N",
+                   help="nodes, each a broker and a KRaft controller (default: as recorded, else 1); "
+                        "with 3: replication factor 3 and min.insync.replicas 2")
+    k.add_argument("--reset", action="store_true",
+                   help="start: first delete this home's Kafka data (every topic) and start an empty cluster")
     k.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("produce", help="produce labelled records of a pipeline definition (demo and test data)")

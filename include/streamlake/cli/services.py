@@ -47,21 +47,16 @@ def producer_service(pipeline: str) -> str:
 
 
 def _start_broker_and_producers(args, pipelines: dict) -> None:
-    """The embedded broker and a background demo producer per pipeline definition (all
-    idempotent). Each producer writes its definition's records with the demo's realistic
-    mix: some out of order, late, duplicated, malformed (every quarantine reason)."""
+    """The embedded Kafka (Apache Kafka, KRaft; its topics kept under the home from one start
+    to the next) and a background demo producer per pipeline definition (all idempotent).
+    Each producer writes its definition's records with the demo's realistic mix: some out of
+    order, late, duplicated, malformed (every quarantine reason)."""
     from streamlake.platform import broker
-    from streamlake.platform.broker_state import archive_for_new_broker
     from streamlake.spark.session import job_environment
 
     state = broker.start(args.kafka_port)
-    print(f"Kafka (embedded):  {state['bootstrap']}")
-    if not state["already_running"]:
-        archived = archive_for_new_broker()
-        if archived:
-            print(f"                   a new broker starts with empty topics (it keeps them in memory): the "
-                  f"tables, savepoints and proofs written from the previous broker's topics moved to {archived}; "
-                  f"the demo starts over")
+    print(f"Kafka (embedded):  {state['bootstrap']} (Apache Kafka {state['kafka']}, KRaft; topics kept in "
+          f"{state['data']}; logs {config.log_dir()}/kafka-<node>.log)")
     env = job_environment({config.ENV_BOOTSTRAP: config.bootstrap_servers()})
     for name, path in pipelines.items():
         rate = args.rate if name == DEMO_PIPELINE else args.other_rate
@@ -181,18 +176,17 @@ def start_local_lake(port: int) -> None:
     """``make run LAKE=s3``: the local S3 server with the bucket ``lake``, and this process's
     environment (which every service started after inherits) pointing the lake root and the
     platform's tables at it. The server keeps objects in memory: when it starts anew, the
-    state that described the previous lake is archived as for a new broker. Writes
-    ``$STREAMLAKE_HOME/lake.env`` for a shell's CLI."""
+    state that described the previous lake is archived (object_store.archive_for_new_lake).
+    Writes ``$STREAMLAKE_HOME/lake.env`` for a shell's CLI."""
     import os
 
     from streamlake.platform import object_store
-    from streamlake.platform.broker_state import archive_for_new_broker
 
     state = object_store.start(port)
     settings = object_store.lake_settings(port)
     object_store.create_bucket(settings["STREAMLAKE_LAKE_ROOT"], object_store.local_options(port))
     if not state["already_running"]:
-        archived = archive_for_new_broker()
+        archived = object_store.archive_for_new_lake()
         if archived:
             print(f"                   a new local S3 server starts empty (it keeps objects in memory): what "
                   f"described the previous lake moved to {archived}")
@@ -265,15 +259,19 @@ def cmd_stop(args) -> int:
     from itertools import groupby
 
     from streamlake.operations.control import JobControl
+    from streamlake.platform import broker
 
     running = procs.running_services()
     if not running:
         print("nothing running")
         return 0
-    # Airflow first (its tasks run jobs), then jobs and producers, the Spark cluster, Kafka last;
-    # the services of one rank side by side (each JVM takes a second or two to shut down).
+    # Airflow first (its tasks run jobs), then jobs and producers, the Spark cluster, Kafka's
+    # nodes and the S3 server last; the services of one rank side by side (each JVM takes a
+    # second or two to shut down; a Kafka node left without its quorum would not stop at all).
     def rank(name: str) -> int:
-        return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "kafka": 4, "s3": 4}.get(
+        if broker.is_node_service(name):
+            return 4
+        return {"airflow": 0, "pipeline": 1, "spark-connect": 2, "spark-master": 3, "s3": 4}.get(
             name, 2 if name.startswith("spark-worker") else 1)
 
     def stop(state) -> str:
@@ -283,7 +281,7 @@ def cmd_stop(args) -> int:
                 procs.wait_for(lambda: procs.status("pipeline") is None, timeout=30, what="the pipeline to stop")
             except TimeoutError:
                 pass
-        procs.stop(state.name)
+        procs.stop(state.name, timeout=broker.STOP_TIMEOUT_S if broker.is_node_service(state.name) else 10.0)
         return f"stopped {state.name} (pid {state.pid})"
 
     ordered = sorted(running, key=lambda s: rank(s.name))
@@ -291,6 +289,7 @@ def cmd_stop(args) -> int:
         for _rank, group in groupby(ordered, key=lambda s: rank(s.name)):
             for line in pool.map(stop, list(group)):
                 print(line, flush=True)
+    broker.stop()  # its run state (the nodes are stopped above; its topics stay)
     return 0
 
 
@@ -339,7 +338,9 @@ def add_parsers(sub) -> None:
 
 def _demo_data_arguments(parser, rate: float) -> None:
     """The demo producers: rates and how much of the data arrives late, broken or twice."""
-    parser.add_argument("--kafka-port", type=int, default=config.DEFAULT_BROKER_PORT)
+    parser.add_argument("--kafka-port", type=int, metavar="P",
+                        help=f"the embedded Kafka's first client port (default: as recorded under the home, "
+                             f"else {config.DEFAULT_BROKER_PORT}; `streamlake kafka start` for more)")
     parser.add_argument("--rate", type=float, default=rate,
                         help=f"records per second of the demo pipeline ({DEMO_PIPELINE})")
     parser.add_argument("--other-rate", type=float, default=20.0,

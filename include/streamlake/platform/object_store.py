@@ -11,6 +11,7 @@ disagree on python-dateutil. MinIO is the compose file's store
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import urllib.request
@@ -122,3 +123,44 @@ def create_bucket(uri: str, options) -> None:
     fs, bucket = arrow_filesystem(storage_options(f"s3://{urlsplit(uri).netloc}", options), create_buckets=True)
     if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
         fs.create_dir(bucket)
+
+
+#: Directories of STREAMLAKE_HOME that describe the lake's contents: the tables, their
+#: checkpoints and the platform's ledgers (data/), the checkpoints and control files of
+#: object-store roots (lakes/), savepoints, Data Docs and validation results (quality/),
+#: backfill summaries (backfills/). Job specs, the Airflow home, logs and Kafka's data are
+#: not: they stay.
+LAKE_BOUND = ("data", "lakes", "savepoints", "quality", "backfills")
+
+#: Services that read or write that state; it is not moved while one runs.
+LAKE_USERS = ("airflow", "pipeline")
+
+
+def _has_content(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def archive_for_new_lake(home: Path | None = None) -> Path | None:
+    """Move the state that described the previous lake (``LAKE_BOUND``) into
+    ``<home>/archive/<UTC time>/``, keeping each directory's name.
+
+    This server keeps objects in memory: once it stops, the checkpoints, savepoints, proofs
+    and quality results under ``home`` describe tables no server holds any more, and a job
+    resuming from them would fail on every run. Call it right after starting a *new*
+    server (``make run LAKE=s3``): the platform starts over on the empty lake and nothing is
+    deleted. Returns the archive directory, or None when there was nothing to move. Raises
+    RuntimeError when a service that uses the state (Airflow, the demo pipeline) still runs:
+    moving its tables under it would break it; stop it first (``make stop``)."""
+    home = home or config.home()
+    present = [name for name in LAKE_BOUND if _has_content(home / name)]
+    if not present:
+        return None
+    running = [name for name in LAKE_USERS if procs.status(name) is not None]
+    if running:
+        raise RuntimeError(f"the local S3 server started empty, but {', '.join(running)} still use(s) the state "
+                           f"of the previous lake; run `make stop`, then start again")
+    target = home / "archive" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target.mkdir(parents=True)
+    for name in present:
+        (home / name).rename(target / name)
+    return target
