@@ -96,6 +96,7 @@ otherwise what Maven Central served differs from the jars the lock names."
 $extra
 If you changed $SRC/$set.pom.xml, regenerate the lock (make lock-jars SET=$set) and commit it."
   want "$set" >"$tmp/$STAMP"
+  chmod 755 "$tmp"  # mktemp made it private
   rm -rf "$target"
   mv "$tmp" "$target"
   trap - EXIT
