@@ -65,8 +65,9 @@ def savepoint_ids() -> list[str]:
 
 
 def embedded_bootstrap() -> str:
-    """Address of the embedded broker: the one last started (its service state
-    file, see streamlake.platform.procs), else the default port."""
+    """Bootstrap servers of the embedded Kafka while it runs (every node's host:port, from
+    ``run/kafka.json``, which streamlake.platform.broker writes at start and removes at
+    stop), else the default port."""
     try:
         return json.loads((run_dir() / "kafka.json").read_text())["info"]["bootstrap"]
     except (OSError, ValueError, KeyError, TypeError):
