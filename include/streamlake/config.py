@@ -69,7 +69,7 @@ def embedded_bootstrap() -> str:
     ``run/kafka.json``, which streamlake.platform.broker writes at start and removes at
     stop), else the default port."""
     try:
-        return json.loads((run_dir() / "kafka.json").read_text())["info"]["bootstrap"]
+        return json.loads((run_dir(create=False) / "kafka.json").read_text())["info"]["bootstrap"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"127.0.0.1:{DEFAULT_BROKER_PORT}"
 

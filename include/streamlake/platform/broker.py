@@ -93,8 +93,8 @@ class KafkaStartError(RuntimeError):
 
 
 def kafka_dir() -> Path:
-    """The cluster's home: ``$STREAMLAKE_HOME/kafka``."""
-    return config.home() / "kafka"
+    """The cluster's home: ``$STREAMLAKE_HOME/kafka`` (not created here)."""
+    return config.home(create=False) / "kafka"
 
 
 def cluster_file() -> Path:
@@ -302,7 +302,7 @@ def _check_data(record: dict, nodes: list[Node]) -> None:
 
 def _running_nodes() -> dict[int, procs.ServiceState]:
     found = {}
-    for path in config.run_dir().glob(f"{SERVICE_PREFIX}*.json"):
+    for path in config.run_dir(create=False).glob(f"{SERVICE_PREFIX}*.json"):
         if is_node_service(path.stem):
             state = procs.status(path.stem)
             if state is not None:
@@ -312,7 +312,7 @@ def _running_nodes() -> dict[int, procs.ServiceState]:
 
 def _run_state() -> dict:
     try:
-        return json.loads((config.run_dir() / RUN_STATE).read_text())["info"]
+        return json.loads((config.run_dir(create=False) / RUN_STATE).read_text())["info"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -321,16 +321,21 @@ def _bootstrap(nodes: list[Node]) -> str:
     return ",".join(f"127.0.0.1:{n.port}" for n in nodes)
 
 
+def _log_path(name: str) -> Path:
+    """Where procs.start writes service ``name``'s output (``logs/<name>.log``)."""
+    return config.home(create=False) / "logs" / f"{name}.log"
+
+
 def _log_size(name: str) -> int:
     try:
-        return (config.log_dir() / f"{name}.log").stat().st_size
+        return _log_path(name).stat().st_size
     except OSError:
         return 0
 
 
 def _log_since(name: str, offset: int) -> str:
     try:
-        with open(config.log_dir() / f"{name}.log", "rb") as f:
+        with open(_log_path(name), "rb") as f:
             f.seek(offset)
             return f.read().decode(errors="replace")
     except OSError:
@@ -455,13 +460,13 @@ def _launch(nodes: list[Node], to_start: list[Node], classpath: str, properties:
                     waiting.remove(node)
                 elif procs.status(service(node.id)) is None:
                     raise KafkaStartError(f"Kafka node {node.id} (127.0.0.1:{node.port}) exited while starting; "
-                                          f"the end of its log ({config.log_dir() / (service(node.id) + '.log')}):\n"
+                                          f"the end of its log ({_log_path(service(node.id))}):\n"
                                           f"{_tail(log)}")
             if waiting and time.monotonic() > deadline:
                 node = waiting[0]
                 raise KafkaStartError(
                     f"Kafka node {node.id} (127.0.0.1:{node.port}) did not start within {timeout:g} s; the end of "
-                    f"its log ({config.log_dir() / (service(node.id) + '.log')}):\n"
+                    f"its log ({_log_path(service(node.id))}):\n"
                     f"{_tail(_log_since(service(node.id), offsets[node.id]))}")
             if waiting:
                 time.sleep(0.1)
@@ -538,7 +543,7 @@ def stop() -> bool:
     """Stop every node of the cluster (its data stays). False if none was running."""
     ids = sorted(set(_running_nodes()) | {n["id"] for n in _run_state().get("brokers", [])})
     stopped = _stop_nodes(ids)
-    (config.run_dir() / RUN_STATE).unlink(missing_ok=True)
+    (config.run_dir(create=False) / RUN_STATE).unlink(missing_ok=True)
     return bool(stopped)
 
 
@@ -575,7 +580,7 @@ def status(probe: bool = True) -> dict:
         state = running.get(node.id)
         brokers.append({"id": node.id, "pid": state.pid if state else None, "port": node.port,
                         "controller_port": node.controller_port, "running": state is not None,
-                        "log": str(config.log_dir() / f"{service(node.id)}.log")})
+                        "log": str(_log_path(service(node.id)))})
     up = bool(nodes) and all(b["running"] for b in brokers)
     bootstrap = _bootstrap(nodes) if nodes else config.embedded_bootstrap()
     result = {"running": up, "bootstrap": bootstrap, "brokers": brokers,
