@@ -59,9 +59,16 @@ def _reset(broker) -> dict | None:
 
 
 def cmd_produce(args) -> int:
+    import sys
+
     from streamlake.kafka.producer import produce_records, summary_dict
+    from streamlake.operations.jobs import DEMO_JOB, pipelines_dir
     from streamlake.pipeline.definition import load_definition
 
+    definition_file = args.definition
+    if definition_file is None:  # the earlier CLI's produce had no --definition: the demo's records
+        definition_file = pipelines_dir() / f"{DEMO_JOB}.yaml"
+        print(f"produce: no --definition given: records of the demo pipeline, {definition_file}", file=sys.stderr)
     stop = {"requested": False}
 
     def on_signal(signum, _frame):
@@ -70,7 +77,7 @@ def cmd_produce(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     summary = produce_records(
-        load_definition(args.definition), args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
+        load_definition(definition_file), args.topic, args.count, partitions=args.partitions, rate=args.rate, value_bytes=args.value_bytes,
         seed=args.seed, options=kafka_options(args.kafka_option), progress=not args.quiet,
         should_stop=lambda: stop["requested"], late_fraction=args.late_fraction,
         out_of_order_seconds=args.out_of_order_seconds, malformed_fraction=args.malformed_fraction,
@@ -94,8 +101,9 @@ def add_parsers(sub) -> None:
     k.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("produce", help="produce labelled records of a pipeline definition (demo and test data)")
-    p.add_argument("--definition", required=True, metavar="FILE",
-                   help="the pipeline whose records to make, e.g. pipelines/sensors.yaml (its datagen hints)")
+    p.add_argument("--definition", metavar="FILE",
+                   help="the pipeline whose records to make, e.g. pipelines/orders.yaml (its datagen hints; "
+                        "default: the demo pipeline, pipelines/sensors.yaml)")
     p.add_argument("--topic", help="topic to write (default: the definition's first topic)")
     p.add_argument("--count", type=int, required=True, help="records to produce (0: until stopped)")
     p.add_argument("--partitions", type=int, default=3, help="partitions when the topic is created")
