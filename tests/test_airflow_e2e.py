@@ -278,3 +278,62 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     columns = ("sensor_id", "window_start", "window_end", "count", "sum_temperature", "min_temperature",
                "max_temperature", "avg_temperature")
     assert gold_of(spark, rescaled, columns) == gold_of(spark, reference, columns)
+
+
+@pytest.mark.scenario
+def test_a_running_job_keeps_its_last_good_definition_when_the_file_breaks(airflow, produce, topic_name, tmp_path):
+    """The definition file of a continuously running job is changed into one whose rule names
+    an undeclared field. The job keeps running on the definition its tables were built with
+    (records produced after the change reach silver); Airflow keeps the pipeline's DAGs and
+    shows the file as an import error naming the file and the key; the next DAG run fails,
+    saying why, having started nothing; the Pipelines view shows the error beside the pipeline."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from helpers import views_client
+    from streamlake.delta.table import open_table
+
+    job = define_job(tmp_path, f"keep-{topic_name}", topic_name, example="orders", processing_time_s=1.0)
+    produce(topic_name, 200, seed=7, definition=job.file_definition())
+    run = subprocess.Popen([STREAMLAKE, "job", "run", job.name, "--restart-strategy", "none"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def silver_rows() -> int:
+            try:
+                return open_table(job.table_path("silver")).to_pyarrow_dataset().count_rows()
+            except FileNotFoundError:
+                return 0
+
+        wait(lambda: (rows_committed(job) == 200 and silver_rows() > 0) or run.poll() is not None, 240,
+             "the job to ingest the first records")
+        assert run.poll() is None, run.communicate()[0][-3000:]
+        path = Path(job.definition_file)
+        broken = yaml.safe_load(path.read_text())
+        broken["rules"][0]["check"] = "price > 0"
+        path.write_text(yaml.safe_dump(broken, sort_keys=False))
+        before = silver_rows()
+        produce(topic_name, 100, seed=8, definition=job.definition)
+        wait(lambda: rows_committed(job) == 300 and silver_rows() > before, 180,
+             "the running job to go on with its last good definition")
+        assert run.poll() is None, "the job still runs"
+
+        dags = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"))
+        assert f"ingest_{job.name}" in dags.dag_ids and f"backfill_{job.name}" in dags.dag_ids
+        errors = {Path(f).name: e for f, e in dags.import_errors.items()}
+        assert f"{path}: rules[0].check: rule positive_amount: 'price > 0': price is not a declared field" in \
+            errors["pipeline_definitions.py"]
+
+        code, out = dags_test(f"ingest_{job.name}", {}, timeout=300)
+        assert code != 0, out[-3000:]
+        assert "the job was not started: its definition file does not load" in out and \
+            f"{path}: rules[0].check" in out, out[-3000:]
+        assert run.poll() is None and rows_committed(job) == 300, "the failed run touched nothing"
+
+        page = views_client().get("/pipelines").text
+        section = page.split(f"data-pipeline='{job.name}'", 1)[1].split("</section>", 1)[0]
+        assert "The definition file does not load" in section and "price is not a declared field" in section
+    finally:
+        job.control.request_stop()
+        try:
+            run.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
