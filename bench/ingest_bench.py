@@ -11,7 +11,7 @@ Two topics, each measured against its own ceiling:
 
 For each topic:
 
-1. Produce it into a private embedded broker.
+1. Produce it into a private local Kafka broker.
 2. Ceiling: the same work without Spark: read the topic with the source's own
    range reader (confluent-kafka) and write bronze Parquet files with pyarrow
    (the source's own file writer, ``output=files``), in **1 process** and in
@@ -23,10 +23,11 @@ For each topic:
    table of its own). Processing time is the sum of the micro-batches (first
    one included); JVM start-up and the Python workers' warm-up are reported
    apart.
-4. When the broker serves one reader faster than N (the embedded broker does on
-   a topic of one-record batches: each fetch lists the partition's batches, and
-   concurrent fetches slow each other down), the ingest again with one read
-   task (``minPartitions=1``), twice, compared with the 1-process ceiling.
+4. When the broker serves one reader faster than N (Tansu, the local broker until
+   2026-12-06, did on a topic of one-record batches: each fetch listed the
+   partition's batches, and concurrent fetches slowed each other down), the
+   ingest again with one read task (``minPartitions=1``), twice, compared with
+   the 1-process ceiling.
 5. Audit every ingest run's table against Kafka (each must itself be exactly once).
 
 Targets (issue 11): whole run >= 0.5x the ceiling, warm micro-batches
@@ -88,7 +89,7 @@ def _ceiling_task(args: tuple) -> dict:
     """One process's share: read its ranges and write each as a bronze Parquet file."""
     conf, ranges, root, tag = args
     from streamlake.delta.files import FileTarget
-    from streamlake.kafka import fetch_wait
+    from streamlake.kafka.client import DEFAULT_FETCH_WAIT_MS, FETCH_WAIT_PROPERTY
     from streamlake.kafka.reader import KAFKA_ARROW_SCHEMA, write_ranges_files
 
     target = FileTarget(root, f"ceiling-{tag}", tuple(KAFKA_ARROW_SCHEMA.names) + ("ingest_time", "batch_id"),
@@ -100,7 +101,7 @@ def _ceiling_task(args: tuple) -> dict:
     for rows in write_ranges_files(conf, ranges, target, names, poll_timeout_ms=60_000, fail_on_data_loss=True):
         records += rows.num_rows
     return {"records": records, "seconds": time.perf_counter() - started,
-            "fetch_wait_ms": fetch_wait.current_ms(conf)}
+            "fetch_wait_ms": int(conf.get(FETCH_WAIT_PROPERTY, DEFAULT_FETCH_WAIT_MS))}
 
 
 def ceiling(topic: str, partitions: int, processes: int, runs: int = 2) -> dict:
@@ -376,7 +377,7 @@ def markdown(result: dict) -> str:
     out = [
         "# Bronze ingest benchmark",
         "",
-        f"{p['records']:,} records of ~{p['value_bytes']} B in {p['partitions']} partitions, embedded broker, "
+        f"{p['records']:,} records of ~{p['value_bytes']} B in {p['partitions']} partitions, local Kafka broker, "
         f"Spark `{p['master']}` ({cores} cores), maxOffsetsPerTrigger {p['max_offsets_per_trigger']:,}; "
         f"{result['machine']}; {result['date']}. Load average (1 min) when each figure was measured in the "
         "last column: the machine is shared.",
@@ -441,7 +442,7 @@ def markdown(result: dict) -> str:
                 + "; ".join(f"{n} process{'es' if n != '1' else ''}: "
                             + ", ".join(f"{r['seconds']:.1f} s" for r in c["runs"])
                             for n, c in run["ceilings"].items())
-                + f" (fetch wait reached {max(c['fetch_wait_ms'] for c in run['ceilings'].values())} ms).",
+                + f" (fetch wait {max(c['fetch_wait_ms'] for c in run['ceilings'].values())} ms).",
                 "", f"Micro-batches of the {label}, {run['tasks']} read tasks (ms):", ""] + _batch_table(ing["batches"])
         if run.get("one_task"):
             out += ["", f"The same with one read task (ms):", ""] + _batch_table(run["one_task"]["batches"])
@@ -469,19 +470,16 @@ def markdown(result: dict) -> str:
         "- **latestOffset, walCommit, commitOffsets**: the end-offset probe and Spark's offset and commit logs, "
         "fixed per micro-batch; **Delta plan + commit**: the table's offsets, one delta-rs commit with the "
         "files and `txn` offsets.",
-        "- Both sides share 2 cores with the embedded broker, which serves the same bytes to both.",
+        "- Both sides share 2 cores with the local Kafka broker, which serves the same bytes to both.",
     ]
     live = result.get("live")
     if live and live["fastest"] != live["judged"]:
         c1, cn = live["ceilings"]["1"], live["ceilings"][live["judged"]]
         one = live.get("one_task")
         out += [
-            f"- **Real-time topic**: the embedded broker serves one reader of one-record batches faster than "
+            f"- **Real-time topic**: the broker serves one reader of one-record batches faster than "
             f"{live['judged']} concurrent ones ({c1['seconds']:.1f} s vs {cn['seconds']:.1f} s for the same records). "
-            "Its memory storage keeps every record batch as an object and lists all of a partition's objects for "
-            "every fetch (no index; an answer carries at most 5 MiB of one partition), so reading a partition of N "
-            "one-record batches costs O(N²) in the broker, whoever reads it, and concurrent listings on 2 cores "
-            f"shared with the readers take longer. The ingest with one read task per core: {live['ratio']:.2f}× the "
+            f"The ingest with one read task per core: {live['ratio']:.2f}× the "
             f"{live['judged']}-process ceiling, {live['ingest']['ratio_to_fastest']:.2f}× the 1-process one"
             + (f"; with one read task (`minPartitions=1`): {one['ratio']:.2f}× the 1-process ceiling "
                f"({one.get('warm_ratio', 0):.2f}× warm)." if one else "."),

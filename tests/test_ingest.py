@@ -1,4 +1,4 @@
-"""Bronze ingest end to end on real Spark (local), the embedded broker and Delta on disk."""
+"""Bronze ingest end to end on real Spark (local), the local Kafka broker and Delta on disk."""
 
 from __future__ import annotations
 
@@ -58,18 +58,43 @@ def test_bronze_table_reads_back_as_a_dataframe(spark, produce, topic_name, lake
     assert read_bronze(spark, lake["table"], version=0).count() == 0
 
 
-def test_end_offsets_are_right_despite_the_brokers_listoffsets_defect(broker, produce, topic_name):
+def test_end_offsets_are_exact_on_batched_partitions_and_stop_at_an_open_transaction(broker, produce, topic_name):
+    """latest() is one ListOffsets: on partitions of many-record batches (linger.ms=20) it is the
+    high watermark, the records' count; with a transaction open it is the last stable offset under
+    read_committed (the platform's default) and the high watermark under read_uncommitted."""
+    from confluent_kafka import Producer
+
     produce(topic_name, 3000, partitions=3, seed=1)
     tps = [TP(topic_name, p) for p in range(3)]
-    raw = Consumer({"bootstrap.servers": broker, "group.id": "raw"})
-    listed = {tp: raw.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=5)[1] for tp in tps}
-    raw.close()
+    raw = Consumer({"bootstrap.servers": broker, "group.id": "raw", "isolation.level": "read_uncommitted"})
+    high = {tp: raw.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=5)[1] for tp in tps}
     with KafkaMetadataClient(client_config()) as kafka:
         latest = kafka.latest(tps)
-    assert sum(latest.values()) == 3000
-    assert all(latest[tp] >= listed[tp] for tp in tps)
-    # The embedded broker under-reports batched partitions; on real Kafka both agree.
-    print("ListOffsets:", listed, "fetch-confirmed:", latest)
+    assert sum(latest.values()) == 3000 and latest == high
+
+    producer = Producer({"bootstrap.servers": broker, "transactional.id": f"open-{topic_name}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for _ in range(5):
+        producer.produce(topic_name, b"in an open transaction", partition=0)
+    producer.flush(30)
+    tp0 = KTP(topic_name, 0)
+    try:
+        assert raw.get_watermark_offsets(tp0, timeout=5)[1] == high[tps[0]] + 5
+        with KafkaMetadataClient(client_config()) as kafka:
+            assert kafka.latest(tps) == latest, "read_committed: the open transaction's records are not readable yet"
+        with KafkaMetadataClient(client_config({"kafka.isolation.level": "read_uncommitted"})) as kafka:
+            assert kafka.latest(tps)[tps[0]] == high[tps[0]] + 5
+    finally:
+        producer.abort_transaction(30)
+        raw.close()
+    # The coordinator writes the abort marker after abort_transaction() returned: then the five
+    # aborted records and the marker are behind the last stable offset.
+    deadline = time.monotonic() + 30
+    with KafkaMetadataClient(client_config()) as kafka:
+        while (end := kafka.latest(tps)[tps[0]]) == high[tps[0]] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert end == high[tps[0]] + 6, "the abort marker takes an offset"
 
 
 def test_transaction_markers_are_skipped_and_audit_stays_exact(spark, broker, topic_name, lake):

@@ -25,8 +25,9 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamlake.errors import InvalidOptionError, KafkaUnavailableError
-from streamlake.kafka.client import api_timeout_s, client_config, librdkafka_config
+from streamlake.kafka.client import KafkaMetadataClient, api_timeout_s, client_config, librdkafka_config
 from streamlake.kafka.events import KINDS, DefinitionEvents, EventMix, GeneratedRecord
+from streamlake.kafka.offsets import TopicPartition
 
 __all__ = ["ProduceSummary", "ensure_topic", "produce_records", "summary_dict"]
 
@@ -36,8 +37,13 @@ log = logging.getLogger(__name__)
 def ensure_topic(conf: Mapping[str, str], topic: str, partitions: int) -> bool:
     """Create ``topic`` with ``partitions`` partitions unless it exists. True if created.
 
-    An existing topic is used as is (a warning if its partition count differs).
-    Raises KafkaUnavailableError if the cluster does not answer.
+    A new topic gets the cluster's default replication factor
+    (``default.replication.factor``). An existing topic is used as is (a warning if its
+    partition count differs). Either way this returns once every partition of the topic
+    answers a ListOffsets from its leader: on Apache Kafka a topic just created has no
+    serving leader for a moment (its partitions answer NOT_LEADER_OR_FOLLOWER or
+    UNKNOWN_TOPIC_OR_PARTITION), and a reader or a job started right after would see that.
+    Raises KafkaUnavailableError if the cluster does not answer within the API timeout.
     """
     timeout = api_timeout_s(conf)
     admin = AdminClient(librdkafka_config(conf), logger=logging.getLogger("streamlake.librdkafka.admin"))
@@ -49,15 +55,26 @@ def ensure_topic(conf: Mapping[str, str], topic: str, partitions: int) -> bool:
         have = len(existing[topic].partitions)
         if have != partitions:
             log.warning("topic %s exists with %d partitions (asked for %d); using it as is", topic, have, partitions)
+        _await_leaders(conf, topic, have)
         return False
-    future = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout)[topic]
+    future = admin.create_topics([NewTopic(topic, partitions)], request_timeout=timeout)[topic]
+    created = True
     try:
         future.result(timeout=timeout)
     except KafkaException as exc:
         if exc.args[0].code() != exc.args[0].TOPIC_ALREADY_EXISTS:
             raise
-        return False
-    return True
+        created = False
+        partitions = len(admin.list_topics(topic, timeout=timeout).topics[topic].partitions) or partitions
+    _await_leaders(conf, topic, partitions)
+    return created
+
+
+def _await_leaders(conf: Mapping[str, str], topic: str, partitions: int) -> None:
+    """Return once every partition of ``topic`` answers a ListOffsets (the metadata client
+    retries "no leader yet" until the API timeout)."""
+    with KafkaMetadataClient(conf) as kafka:
+        kafka.earliest([TopicPartition(topic, p) for p in range(partitions)])
 
 
 @dataclass

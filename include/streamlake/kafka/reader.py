@@ -7,8 +7,7 @@ paused, so later fetches do not touch it. Consumers are cached per worker
 process, client configuration and kind of read (Spark reuses Python workers
 across tasks), so a task pays for an ``assign()``, not for a new connection.
 
-Two kinds of read, because a fetch answer is not free on every broker (on the
-embedded broker each one lists every record batch of the partition):
+Two kinds of read:
 
 * **tail** reads (every range at most :data:`TAIL_RANGE_RECORDS` records, what
   a micro-batch of a live stream reads): the consumer does not prefetch
@@ -17,12 +16,9 @@ embedded broker each one lists every record batch of the partition):
 * **bulk** reads (catch-up, backfills of Kafka, benchmarks): librdkafka's
   prefetching keeps the next answer coming while this one is decoded. After a
   bulk read that ended at the end of the log, the consumer's prefetch is held by
-  the broker for the fetch wait and would delay the next task: that consumer is
-  closed.
-
-A read that stalls (records are there but hardly arrive, as on the embedded
-broker when a fetch takes longer than its wait) moves the fetch wait up a step
-and continues from where it was (:mod:`streamlake.kafka.fetch_wait`).
+  the broker for the fetch wait (``fetch.wait.max.ms``,
+  :data:`streamlake.kafka.client.DEFAULT_FETCH_WAIT_MS`) and would delay the
+  next task: that consumer is closed.
 
 Guarantees: every record Kafka returns with ``start <= offset < end`` is
 emitted once per range, in offset order, and nothing outside the ranges.
@@ -50,7 +46,6 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from streamlake.errors import DataLossError, KafkaUnavailableError
-from streamlake.kafka import fetch_wait
 from streamlake.kafka.client import new_consumer
 from streamlake.kafka.offsets import OffsetRange
 
@@ -85,26 +80,20 @@ _KIND_SETTINGS = {
     "bulk": {},
 }
 
-_consumers: dict[tuple, tuple[Consumer, int]] = {}
+_consumers: dict[tuple, Consumer] = {}
 
 
 def _cache_key(conf: Mapping[str, str], kind: str) -> tuple:
     return (kind, tuple(sorted(conf.items())))
 
 
-def _cached_consumer(conf: Mapping[str, str], kind: str = "bulk") -> tuple[Consumer, int]:
-    """This process's consumer for ``conf`` and ``kind`` of read, and its fetch wait (ms);
-    a new one when the wait for the cluster has moved up since it was made. Settings of
-    the kind that the user gave as ``kafka.*`` options are left as the user set them."""
+def _cached_consumer(conf: Mapping[str, str], kind: str = "bulk") -> Consumer:
+    """This process's consumer for ``conf`` and ``kind`` of read. Settings of the kind
+    that the user gave as ``kafka.*`` options are left as the user set them."""
     key = _cache_key(conf, kind)
-    wait_ms = fetch_wait.current_ms(conf)
     cached = _consumers.get(key)
-    if cached is not None and cached[1] != wait_ms:
-        _evict(conf, kind)
-        cached = None
     if cached is None:
-        settings = {**_KIND_SETTINGS[kind], **conf}
-        cached = _consumers[key] = (new_consumer(settings, "reader", wait_ms), wait_ms)
+        cached = _consumers[key] = new_consumer({**_KIND_SETTINGS[kind], **conf}, "reader")
     return cached
 
 
@@ -112,7 +101,7 @@ def _evict(conf: Mapping[str, str], kind: str = "bulk") -> None:
     cached = _consumers.pop(_cache_key(conf, kind), None)
     if cached is not None:
         try:
-            cached[0].close()
+            cached.close()
         except Exception:  # noqa: BLE001 - closing a broken consumer must not mask the real error
             pass
 
@@ -212,10 +201,10 @@ def read_ranges(conf: Mapping[str, str], ranges: Sequence[OffsetRange], *, poll_
 
     One consumer reads them: a tail read (every range at most
     :data:`TAIL_RANGE_RECORDS`) assigns all ranges at once, so the ranges'
-    batches interleave; a bulk read takes one range after the other (each fetch
-    answer then carries one partition: on the embedded broker, whose cost per
-    answer is one listing of each partition it carries, that reads a topic of
-    small record batches about a quarter faster). The ranges must be of distinct
+    batches interleave; a bulk read takes one range after the other, each range's
+    records in one run of prefetched answers (on Apache Kafka 4.1 as fast as
+    reading them together: 60,000 one-record batches in 3 partitions, 0.43-0.94 s
+    either way). The ranges must be of distinct
     partitions (ValueError otherwise). Raises DataLossError when offsets of a
     range are no longer held by Kafka and ``fail_on_data_loss`` (otherwise the
     lost prefix is skipped with a warning), and KafkaUnavailableError when no
@@ -243,7 +232,7 @@ def _read_together(conf: Mapping[str, str], ranges: Sequence[OffsetRange], toget
     builders = {i: _BatchBuilder(ranges[i].topic, ranges[i].partition) for i in together}
     open_ranges = set(together)
     paused: list[KafkaTopicPartition] = []  # an application's pause outlives unassign(): lifted at the end
-    consumer, wait_ms = _cached_consumer(conf, kind)
+    consumer = _cached_consumer(conf, kind)
 
     def assign_open() -> None:
         consumer.assign([KafkaTopicPartition(ranges[i].topic, ranges[i].partition, position[i])
@@ -260,7 +249,6 @@ def _read_together(conf: Mapping[str, str], ranges: Sequence[OffsetRange], toget
             yield i, builders[i].flush()
 
     assign_open()
-    stall = fetch_wait.StallDetector(wait_ms)
     last_progress = time.monotonic()
     ok = False
     try:
@@ -290,8 +278,7 @@ def _read_together(conf: Mapping[str, str], ranges: Sequence[OffsetRange], toget
                     if code == KafkaError._PARTITION_EOF:
                         if msg.offset() >= rng.end:  # only markers/compacted offsets were left
                             yield from finish(i)
-                        else:
-                            stall.end_reported()  # end not readable yet (e.g. open transaction); keep polling
+                        # else: the end is not readable yet (e.g. an open transaction); keep polling
                         continue
                     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         moved = _handle_out_of_range(consumer, rng, position[i], fail_on_data_loss, err)
@@ -320,16 +307,6 @@ def _read_together(conf: Mapping[str, str], ranges: Sequence[OffsetRange], toget
                 assign_open()
             if received:
                 last_progress = time.monotonic()
-                stall.records(received)
-            if open_ranges and stall.stalled():
-                longer = fetch_wait.raise_step(conf, wait_ms)
-                if longer is not None:
-                    _evict(conf, kind)
-                    paused.clear()
-                    consumer, wait_ms = _cached_consumer(conf, kind)
-                    assign_open()
-                    stall = fetch_wait.StallDetector(wait_ms)
-                    last_progress = time.monotonic()
         ok = True
     finally:
         if ok and (kind == "tail" or not _any_at_end_of_log(consumer, [ranges[i] for i in together])):

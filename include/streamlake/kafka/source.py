@@ -44,8 +44,8 @@ silently fall back to a default. The schema is Spark's Kafka schema.
 
 Offsets are ``{"topic": {"partition": next_offset}}``. Every micro-batch reads
 exactly the records in ``[start, end)`` of each partition; the end of a batch
-never exceeds what Kafka holds (see :mod:`streamlake.kafka.client` for how the
-end is found on brokers whose ListOffsets is wrong). Read limits are honoured
+never exceeds what Kafka holds (ListOffsets(latest): the last stable offset under
+``read_committed``, see :mod:`streamlake.kafka.client`). Read limits are honoured
 under processing-time and available-now triggers.
 """
 
@@ -307,8 +307,6 @@ class KafkaOffsetPlanner:
         self.options = options
         self._client: KafkaMetadataClient | None = None
         self._earliest_at_start: Offsets | None = None  # available-now: what Kafka held when the run started
-        self._listed: Offsets = {}  # the previous trigger's ListOffsets answers (see live_ends)
-        self._confirmed: dict[TopicPartition, tuple[int, int]] = {}  # answer -> end a fetch confirmed
 
     @property
     def client(self) -> KafkaMetadataClient:
@@ -410,7 +408,7 @@ class KafkaOffsetPlanner:
         New partitions start at their earliest offset. ``target`` (available-now:
         what Kafka held when the run started, see :meth:`available_now_target`) caps
         every partition and is the end this run reads to, so Kafka is not asked
-        again; otherwise the end comes from :meth:`live_ends`. ``limit`` caps the
+        again; otherwise from one ListOffsets request. ``limit`` caps the
         total number of offsets. A start past the end (the topic was recreated) is
         data loss; so is, in an available-now run, a start before what Kafka holds
         (retention). Under processing-time triggers offsets that retention removed
@@ -429,7 +427,7 @@ class KafkaOffsetPlanner:
             latest = {tp: target.get(tp, begin.get(tp, 0)) for tp in tps}
             earliest = self._earliest_at_start
         else:
-            latest = self.live_ends(tps, begin)
+            latest = self.client.latest(tps)
             earliest = None
         if begin:
             begin = self.check_available(begin, earliest=earliest, latest=latest, retention=earliest is not None)
@@ -452,40 +450,6 @@ class KafkaOffsetPlanner:
         tps = self.partitions()
         self._earliest_at_start = self.client.earliest(tps)
         return self.client.latest(tps)
-
-    def live_ends(self, tps: Sequence[TopicPartition], begin: Mapping[TopicPartition, int]) -> Offsets:
-        """Ends for a processing-time trigger at the cost of one ListOffsets request.
-
-        ListOffsets(latest) is the end on Apache Kafka. On the embedded broker it is
-        a real position that may fall short of the end by the rest of the newest
-        record batch, and every fetch there costs a listing of the whole partition,
-        so it is confirmed by a fetch (:meth:`KafkaMetadataClient.confirm_ends`) only
-        where it matters: a partition whose answer did not move since the previous
-        trigger (no new batch: the rest of the newest one would otherwise wait for the
-        next batch), once per answer, and a partition that lists below where the
-        query is (recreated topic, or a batch's rest already read). A partition whose
-        answer moved is read up to it; the rest of a multi-record newest batch comes
-        with the next trigger. Never beyond what Kafka holds.
-        """
-        listed = self.client.listed_ends(tps)
-        ends: Offsets = {}
-        confirm: Offsets = {}
-        for tp in tps:
-            answer = listed[tp]
-            confirmed = self._confirmed.get(tp)
-            if confirmed is not None and confirmed[0] == answer:
-                ends[tp] = confirmed[1]
-            elif answer < begin.get(tp, answer) or self._listed.get(tp) == answer:
-                confirm[tp] = answer
-            else:
-                ends[tp] = answer
-        self._listed = listed
-        if confirm:
-            found = self.client.confirm_ends(confirm)
-            for tp, answer in confirm.items():
-                ends[tp] = found[tp]
-                self._confirmed[tp] = (answer, found[tp])
-        return ends
 
     def ranges(self, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int],
                split: bool = True) -> list[OffsetRange]:
