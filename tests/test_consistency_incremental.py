@@ -1,11 +1,10 @@
 """Incremental consistency checks: verified ranges, the Delta log since a proof, Kafka's
 retention, bounded memory (issue 10).
 
-Real parts: tables written by the bronze ingest (Spark, the Delta sink), the
-embedded broker, delta-rs for the foreign commits (a duplicate, a compaction, a
-delete, a restore). The one test double replaces the Kafka log start, at the
-boundary the audit reads Kafka through: the embedded broker has no retention and
-cannot delete records.
+All parts are real: tables written by the bronze ingest (Spark, the Delta sink),
+the local Kafka broker (its log start moved by DeleteRecords, as retention moves
+it), delta-rs for the foreign commits (a duplicate, a compaction, a delete, a
+restore).
 """
 
 from __future__ import annotations
@@ -215,28 +214,17 @@ def test_compaction_and_delete_fall_back_to_a_full_audit_of_what_they_touched(sp
     assert p1.mode == "full" and p1.examples == {"missing": [5]} and "DELETE" in " ".join(p1.notes)
 
 
-class RetentionDouble(audit_mod.KafkaLog):
-    """TEST DOUBLE at the audit's Kafka boundary: the log start of some partitions moved
-    forward, as Kafka's retention does. The embedded broker (Tansu) has no retention
-    and DeleteRecords drops its connection, so a real broker cannot be made to do it
-    here. Above the moved start, records come from the real broker; below it, a read
-    fails the way :func:`streamlake.kafka.reader.read_range` fails on real Kafka."""
+def delete_records(broker: str, tp: TopicPartition, before: int) -> None:
+    """Kafka's DeleteRecords: the partition's log start moves to ``before``, as retention moves it."""
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from confluent_kafka.admin import AdminClient
 
-    moved: dict[TopicPartition, int] = {}
-
-    def log_start(self, tps):
-        real = super().log_start(tps)
-        return {tp: max(off, self.moved.get(tp, off)) for tp, off in real.items()}
-
-    def read(self, rng):
-        start = self.moved.get(TopicPartition(rng.topic, rng.partition))
-        if start is not None and rng.start < start:
-            raise DataLossError(f"offsets [{rng.start}, {min(start, rng.end)}) of {rng.topic}-{rng.partition} are no "
-                                f"longer in Kafka (earliest available: {start})")
-        return super().read(rng)
+    admin = AdminClient({"bootstrap.servers": broker})
+    [future] = admin.delete_records([KafkaTopicPartition(tp.topic, tp.partition, before)]).values()
+    assert future.result(30).low_watermark == before
 
 
-def test_past_retention_proven_ranges_pass_and_unproven_gaps_fail(spark, produce, topic_name, lake, monkeypatch):
+def test_past_retention_proven_ranges_pass_and_unproven_gaps_fail(spark, broker, produce, topic_name, lake):
     job = job_for(lake, topic_name)
     p0 = TopicPartition(topic_name, 0)
     produce(topic_name, 400, partitions=2, seed=27)
@@ -247,8 +235,7 @@ def test_past_retention_proven_ranges_pass_and_unproven_gaps_fail(spark, produce
     produce(topic_name, 200, partitions=2, seed=28)
     ingest(spark, lake, topic_name)
 
-    monkeypatch.setattr(audit_mod, "KafkaLog", RetentionDouble)
-    RetentionDouble.moved = {p0: proven_next - 50}
+    delete_records(broker, p0, proven_next - 50)
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     incremental = check_consistency(job, "past-retention")
     assert incremental.passed and incremental.mode == "incremental", incremental.summary
@@ -270,7 +257,7 @@ def test_past_retention_proven_ranges_pass_and_unproven_gaps_fail(spark, produce
     ingest(spark, lake, topic_name)
     lost = min(30, (committed(lake, topic_name, 2)[p0] - newest) // 2)
     assert lost > 0
-    RetentionDouble.moved = {p0: newest + lost}
+    delete_records(broker, p0, newest + lost)
     gap = check_consistency(job, "unproven-gap")
     assert not gap.passed and gap.mode == "incremental", gap.summary
     p = next(x for x in gap.report.partitions if x.tp == p0)

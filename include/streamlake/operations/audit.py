@@ -512,8 +512,8 @@ class KafkaLog:
     """What the audit asks Kafka: its partitions, where each partition's log starts
     (records below were deleted by retention), and the records of an offset range.
 
-    The one boundary between the audit and Kafka (tests put a double here where the
-    broker cannot do something, such as deleting records by retention).
+    The one boundary between the audit and Kafka (tests put a spy here to see what
+    the audit reads).
     """
 
     def __init__(self, conf: Mapping[str, str]):
