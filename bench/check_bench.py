@@ -1,6 +1,6 @@
 """`make bench` (second part): consistency checks, full and incremental, on 1M and 4M rows.
 
-1. Start a private embedded broker. For each size, produce the records to a topic
+1. Start a private local Kafka broker. For each size, produce the records to a topic
    of its own in bulk and build the matching bronze table without Spark: bronze
    Parquet files and Delta commits carrying the offsets as ``txn`` actions and the
    ``streamlake.operation = ingest`` commit info, as the sink writes them.
@@ -293,7 +293,7 @@ def markdown(result: dict) -> str:
         "",
         f"Bronze tables built without Spark (bronze Parquet + Delta commits with `txn` offsets, "
         f"{COMMIT_RECORDS:,} records per commit, {PARTITIONS} partitions, values of ~30 B), the same records "
-        f"in the embedded broker; each check runs in a fresh process (time of the check itself; peak RSS of "
+        f"in the local Kafka broker; each check runs in a fresh process (time of the check itself; peak RSS of "
         f"the process). {result['machine']}; {result['date']}.",
         "",
         "| table | full audit (s) | peak RSS full (MB; runs) | incremental after 10,000 records (s) | runs (s) | "
@@ -327,11 +327,6 @@ def markdown(result: dict) -> str:
         f"prefetch of at most {result['prefetch_kb'] // 1024} MB per partition (librdkafka's default, 64 MB, "
         "was the part of the peak that followed the partitions' size up to that cap), so its peak does not "
         f"follow the table's size: {result['memory_growth']}.",
-        "",
-        "The embedded broker lists every record batch of a partition for each fetch, so a fetch costs more "
-        "the bigger the partition (Apache Kafka's does not); readers adapt their fetch wait to it "
-        "(`streamlake.kafka.fetch_wait`), which a fresh process does on its first reads. That is the noise "
-        "in the incremental runs, not the audit's work (the rows and records it reads are in the table).",
         "",
         f"Building: {building}.",
         "",

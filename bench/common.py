@@ -1,4 +1,4 @@
-"""Pieces the benchmarks share: a private embedded broker, machine load, targets, live producers.
+"""Pieces the benchmarks share: a private local Kafka broker, machine load, targets, live producers.
 
 Every figure a bench reports is written next to the machine's load average
 (``os.getloadavg()``) when it was measured: the benches run on shared machines,

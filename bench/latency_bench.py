@@ -360,11 +360,11 @@ def markdown(result: dict) -> str:
         "batching (`linger.ms` 5 ms: at this rate, record batches of a few records), and again, bronze only, "
         "from one that writes one record per record batch (`linger.ms=0`, `batch.num.messages=1`: the smallest "
         f"batches a live producer writes); ~{p['value_bytes']} B valid sensor readings keyed by sensor in {p['partitions']} partitions; processing-time "
-        f"trigger {p['trigger_s']:g} s, Spark `{p['master']}`; embedded broker; {result['machine']}; {result['date']}. "
+        f"trigger {p['trigger_s']:g} s, Spark `{p['master']}`; local Kafka broker; {result['machine']}; {result['date']}. "
         f"A reader polls the tables with delta-rs every {p['poll_ms']} ms and notes when it first sees each record; "
         "latency = that moment − the record's Kafka timestamp (produce time). Polling adds up to one poll interval. "
         "The rows in italics split it: when the broker acknowledged each record (it is readable from then on: a "
-        "busy embedded broker acknowledges one-record batches late), and the rest, the ingest's own share.",
+        "busy broker acknowledges one-record batches late), and the rest, the ingest's own share.",
         "",
         "| run | table | records | p50 | p95 | p99 | max | load |",
         "|---|---|---:|---:|---:|---:|---:|---|",

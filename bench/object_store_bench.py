@@ -1,6 +1,6 @@
 """`make bench`: bronze ingest to an S3 root against the same ingest to local disk, same run.
 
-1. Produce N records of ~B bytes into P partitions of a private embedded broker.
+1. Produce N records of ~B bytes into P partitions of a private local Kafka broker.
 2. ``streamlake ingest --available-now`` (spark-submit, local[*]) into a local Delta
    table, and into an ``s3://`` table on the local S3 server (moto, started here,
    ``conditional_put=etag`` commits over HTTP); alternating, R runs each (default 3),

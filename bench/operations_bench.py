@@ -1,6 +1,6 @@
 """`make bench`: each operation from trigger to proven on `make run`'s platform, and the soak.
 
-1. Start the platform as ``make run`` does (``streamlake platform``: embedded broker, a
+1. Start the platform as ``make run`` does (``streamlake platform``: the local Kafka broker, a
    demo producer per pipeline at the demo's rates, Spark cluster, Spark Connect server,
    Airflow) in a directory of its own on free ports. Its pipelines are scheduled every
    30 minutes instead of 5 so operations do not queue behind scheduled runs; the first

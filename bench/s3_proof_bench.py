@@ -1,7 +1,7 @@
 """`make bench`: the proof of a job on S3 on a Spark Connect server that holds the store's
 credentials, against the same proof as a spark-submit of its own, same run (issue 24, item 3).
 
-1. Produce N records of the orders example into a private embedded broker (a tenth of them
+1. Produce N records of the orders example into a private local Kafka broker (a tenth of them
    malformed, some late and duplicated) and run the whole pipeline once, available-now, into
    ``s3://bench/orders`` on the local S3 server (moto, started here).
 2. Start a Spark Connect server with the store's credentials in its environment

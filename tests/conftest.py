@@ -1,4 +1,4 @@
-"""Shared test fixtures: one embedded broker and one SparkSession per test session.
+"""Shared test fixtures: one local Kafka broker and one SparkSession per test session.
 
 Everything is real: the broker is Apache Kafka (KRaft, one node, from the jars
 `make setup` fetched), Spark runs in local mode, Delta tables are written to disk

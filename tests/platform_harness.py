@@ -1,6 +1,6 @@
 """The platform as `make run` starts it, driven the way users drive it: Airflow's REST API.
 
-:func:`start_platform` runs ``streamlake platform`` (embedded broker, demo
+:func:`start_platform` runs ``streamlake platform`` (the local Kafka broker, demo
 producer, Spark standalone cluster, Airflow standalone) in a directory of its
 own on free ports, exactly the command ``make run`` runs; :class:`AirflowREST`
 triggers DAG runs and Airflow backfills and waits for them, as the UI's buttons

@@ -1,6 +1,6 @@
 """Bronze's fast path (issue 11): the Kafka source's read tasks write the attempt's Parquet files.
 
-Real Spark (local), the embedded broker and Delta on disk. The exactly-once
+Real Spark (local), the local Kafka broker and Delta on disk. The exactly-once
 machinery around it (crash points, races, replays) is the same two-phase
 commit and is covered by test_crash_recovery.py and test_failures.py, which
 run the bronze job with this writer (the default).

@@ -1,6 +1,6 @@
 """The running platform, driven the way a user drives it: the Trigger forms in a browser, and REST.
 
-The platform is started as `make run` starts it (embedded broker, a producer per
+The platform is started as `make run` starts it (the local Kafka broker, a producer per
 pipeline definition writing one record at a time with late, duplicated and
 malformed records, a Spark standalone cluster, Airflow standalone), with Airflow's
 scheduler creating no scheduled runs: every run here is one a test triggers. Headless

@@ -1,4 +1,4 @@
-"""Both example pipelines end to end, on real Spark, the embedded broker and Delta on disk.
+"""Both example pipelines end to end, on real Spark, the local Kafka broker and Delta on disk.
 
 For each definition in pipelines/ (the sensors demo and the orders example, different
 shapes: doubles and ISO times vs exact decimals, epoch-millisecond times, an optional

@@ -12,7 +12,7 @@ Subpackages, one home per idea:
 - ``streamlake.pipeline``: the stages (bronze ingest, and what builds on it).
 - ``streamlake.operations``: named jobs and what is done to them (control,
   savepoints, supervisor, runner, consistency checks, the audit).
-- ``streamlake.platform``: the local services (embedded broker, Spark
+- ``streamlake.platform``: the local services (the local Kafka broker, Spark
   standalone cluster, Airflow standalone, process management).
 - ``streamlake.orchestration``: the Airflow-facing operator and task functions.
 - ``streamlake.cli``: the ``streamlake`` command, one module per command group.

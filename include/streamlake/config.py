@@ -1,8 +1,8 @@
 """Settings shared by every component, read from the environment in one place.
 
 ``STREAMLAKE_KAFKA_BOOTSTRAP``
-    Kafka bootstrap servers. Unset means the embedded broker (``streamlake kafka
-    start``), so pointing the platform at a real cluster is a change of this
+    Kafka bootstrap servers. Unset means the local Kafka broker (``streamlake kafka
+    start``), so pointing the platform at another cluster is a change of this
     variable and nothing else.
 ``STREAMLAKE_HOME``
     Runtime directory for pid files, logs and the demo's tables. Default:
