@@ -98,6 +98,14 @@ class BatchPlan:
         return any(tp in start and off > start[tp] for tp, off in self.write_from.items())
 
 
+def skipped_to_json(skipped: Mapping[TopicPartition, tuple[int, int]]) -> dict[str, dict[str, list[int]]]:
+    """``{"topic": {"0": [from, to]}}``: the ``skippedOffsets`` of an ingest commit."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for tp, (lo, hi) in sorted(skipped.items()):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = [int(lo), int(hi)]
+    return out
+
+
 def plan_batch(batch_id: int, start: Mapping[TopicPartition, int] | None, end: Mapping[TopicPartition, int],
                committed: Mapping[TopicPartition, int]) -> BatchPlan:
     """Decide what a micro-batch adds to a table holding ``committed`` offsets.
@@ -150,6 +158,13 @@ class CommitResult:
     # Where the sink's time went (ms): planning against the table, writing the
     # files (the Spark job: reading Kafka included), the Delta commit.
     timings: Mapping[str, int] = field(default_factory=dict)
+    # failOnDataLoss=false: [from, to) per partition that the batch skipped, Kafka no longer holding it
+    skipped: Mapping[TopicPartition, tuple[int, int]] = field(default_factory=dict)
+
+
+def describe_skipped(skipped: Mapping[TopicPartition, tuple[int, int]]) -> str:
+    """``topic-partition [from, to)`` of each skipped range."""
+    return ", ".join(f"{tp} [{lo}, {hi})" for tp, (lo, hi) in sorted(skipped.items()))
 
 
 class DeltaKafkaSink:
@@ -168,13 +183,19 @@ class DeltaKafkaSink:
     applied to the source's rows (column ``file``) before the sink collects
     that column: the bronze job passes the same ``prepare`` in both modes,
     and the columns it adds are pruned.
+
+    ``log_start`` (given when the source runs with ``failOnDataLoss=false``) answers Kafka's
+    log start offsets of partitions: the read tasks then skip offsets Kafka no longer holds,
+    and each commit records what its batch skipped (commit metadata ``skippedOffsets``, see
+    :meth:`_skipped`), which the consistency check reads instead of calling it unverified.
     """
 
     def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,
                  prepare: Callable | None, partition_values: Callable[[int], Mapping[str, str]],
                  stats_columns: tuple[str, ...] = (),
                  file_constants: Callable[[int, int], Mapping[str, tuple[str, object]]] | None = None,
-                 storage: StorageOptions | None = None):
+                 storage: StorageOptions | None = None,
+                 log_start: Callable[[list[TopicPartition]], Offsets] | None = None):
         self.table_path = str(table_path)
         self.storage = storage if storage is not None else storage_options(self.table_path)
         require_safe_commits(self.storage)
@@ -188,6 +209,7 @@ class DeltaKafkaSink:
         self.partition_values = partition_values
         self.stats_columns = stats_columns
         self.file_constants = file_constants
+        self.log_start = log_start
         self.last_result: CommitResult | None = None
         self._table = None  # the table, kept between batches and brought up to date incrementally
 
@@ -202,7 +224,8 @@ class DeltaKafkaSink:
         self.last_result = self.commit_batch(df, batch_id)
         self.checkpoint.save_batch_result(batch_id, {"version": self.last_result.version,
                                                      "timings": dict(self.last_result.timings),
-                                                     "rows": self.last_result.records})
+                                                     "rows": self.last_result.records,
+                                                     "skipped": describe_skipped(self.last_result.skipped)})
 
     def _current_table(self):
         """The table's latest snapshot: opened (created) once, then updated incrementally,
@@ -251,6 +274,7 @@ class DeltaKafkaSink:
                 mins = [f.min_offset for f in files if (f.topic, f.partition) == tp and f.min_offset is not None]
                 first[tp] = min(mins) if mins else plan.end[tp]
             records = sum(f.num_records for f in files)
+            skipped = self._skipped(plan, files)
             properties = CommitProperties(
                 app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
                 custom_metadata={"streamlake": {
@@ -262,6 +286,7 @@ class DeltaKafkaSink:
                                                      for tp in plan.write_from}),
                     "endOffsets": offsets_to_json(plan.next_offsets),
                     "records": records,
+                    **({"skippedOffsets": skipped_to_json(skipped)} if skipped else {}),
                 }},
             )
             try:
@@ -281,10 +306,38 @@ class DeltaKafkaSink:
             crash_point("after_commit", batch_id)
             log.info("batch %d: committed Delta version %d: %d records in %d files, offsets %s",
                      batch_id, version, records, len(files), offsets_to_json(plan.next_offsets))
-            return CommitResult(batch_id, version, records, len(files), attempt, plan.next_offsets, ms())
+            if skipped:
+                log.warning("batch %d (Delta version %d): skipped offsets Kafka no longer held "
+                            "(failOnDataLoss=false): %s", batch_id, version, describe_skipped(skipped))
+            return CommitResult(batch_id, version, records, len(files), attempt, plan.next_offsets, ms(), skipped)
         raise CommitConflictError(
             f"batch {batch_id}: lost the Delta commit to concurrent writers {MAX_COMMIT_ATTEMPTS} times"
         )
+
+    def _skipped(self, plan: BatchPlan, files: list[DataFile]) -> dict[TopicPartition, tuple[int, int]]:
+        """With ``log_start`` (failOnDataLoss=false): per partition, the offsets at the start of
+        what the batch had to write that it did not write because Kafka no longer held them:
+        ``[write_from, to)``, ``to`` the log start now or the first offset the files hold,
+        whichever is lower (the read tasks skipped up to the log start they met, no later than
+        now's; records read before retention took them are in the files). Partitions whose
+        files do not say their first offset count as written from ``write_from``."""
+        if self.log_start is None:
+            return {}
+        asked = sorted(tp for tp, low in plan.write_from.items() if low >= 0)
+        starts = self.log_start(asked) if asked else {}
+        unknown = any(f.topic is None or f.partition is None for f in files)
+        skipped: dict[TopicPartition, tuple[int, int]] = {}
+        for tp in asked:
+            low = plan.write_from[tp]
+            high = min(starts.get(tp, low), plan.end[tp])
+            if unknown:
+                high = low
+            for f in files:
+                if (f.topic, f.partition) == tp and f.min_offset is not None:
+                    high = min(high, f.min_offset)
+            if high > low:
+                skipped[tp] = (low, high)
+        return skipped
 
     def _committed_version(self, read_version: int, attempt_id: str) -> int:
         """Version our commit landed at (delta-rs may rebase a commit past others)."""

@@ -23,8 +23,10 @@ proof at or before the version it checks and reads the Delta log since:
 **Past Kafka's retention.** Where Kafka no longer holds part of a committed range,
 a part some check proved passes, and the summary says so ("proven at version V on
 DATE; Kafka no longer holds them"); a full audit compares those rows with the
-proven version's rows. A part that no check ever proved fails: nothing can
-verify it.
+proven version's rows. A part that an ingest run with ``failOnDataLoss=false``
+skipped (its commit recorded so, see :func:`streamlake.operations.ledger.skipped_since`)
+must hold no row, and the summary says so ("skipped by the ingest commit of version
+V"). Any other part, which no check ever proved, fails: nothing can verify it.
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def audit_job(job: JobSpec, *, version: int | None = None, full: bool = False
             candidates = known | partitions_in_files(snapshot(), topics)
         starts = kafka.log_start(sorted(tp for tp in candidates if tp in set(tps) and tp in firsts))
         proven_snapshot = _Lazy(lambda: _proof_snapshot(job.table, base))
+        # what failOnDataLoss=false runs skipped: since the proof, or (a full audit) ever
+        skipped_ever = _Lazy(lambda: ledger.skipped_since(job.table, -1, at))
         partitions: list[PartitionAudit] = []
         for tp in sorted(candidates):
             first, nxt = firsts.get(tp), nexts.get(tp)
@@ -225,12 +229,14 @@ def audit_job(job: JobSpec, *, version: int | None = None, full: bool = False
                 audit.mode = "incremental"
                 files = [f for f in changes.added.values() if f.may_contain(tp)]
                 segments = _incremental_segments(audit, base, starts.get(tp),
-                                                 _Lazy(lambda: ledger.proven_files(snapshot(), changes)))
+                                                 _Lazy(lambda: ledger.proven_files(snapshot(), changes)),
+                                                 changes.skipped.get(tp, []))
             else:
                 if changes is not None:
                     audit.notes.append(f"audited in full: {reason}")
                 files = snapshot()
-                segments = _full_segments(audit, base, starts.get(tp), proven_snapshot)
+                segments = _full_segments(audit, base, starts.get(tp), proven_snapshot,
+                                          lambda tp=tp: skipped_ever().get(tp, []))
             audit_partition(audit, files, segments, kafka)
             if audit.table_rows or audit.kafka_records or first is not None:
                 partitions.append(audit)
@@ -274,10 +280,36 @@ def _lost_note(lo: int, hi: int, start: int) -> str:
             "they cannot be verified")
 
 
+def _lost_segments(audit: PartitionAudit, lo: int, hi: int, start: int | None,
+                   skipped: list[tuple[int, int, int]]) -> list[Segment]:
+    """``[lo, hi)``: offsets Kafka no longer holds that no proof covers. Parts an ingest
+    commit skipped (``(from, to, version)`` in ``skipped``) must hold no row (rows there are
+    extra); the rest cannot be verified."""
+    segments: list[Segment] = []
+    at = lo
+    for a, b, version in sorted(skipped):
+        a, b = max(a, at), min(b, hi)
+        if a >= b:
+            continue
+        if a > at:
+            segments.append(Segment(at, a, UNVERIFIED))
+            audit.notes.append(_lost_note(at, a, start))
+        segments.append(Segment(a, b, NONE))
+        audit.notes.append(f"offsets [{a}, {b}) skipped by the ingest commit of version {version} "
+                           f"(failOnDataLoss=false): Kafka no longer held them")
+        at = b
+    if hi > at:
+        segments.append(Segment(at, hi, UNVERIFIED))
+        audit.notes.append(_lost_note(at, hi, start))
+    return segments
+
+
 def _incremental_segments(audit: PartitionAudit, base: ledger.Proof, start: int | None,
-                          proven_files: Callable[[], list[FileInfo]]) -> list[Segment]:
+                          proven_files: Callable[[], list[FileInfo]],
+                          skipped: list[tuple[int, int, int]] = ()) -> list[Segment]:
     """Rows added since the proof: before the proven range extra, inside it compared
-    with the proven rows, after it with Kafka (from the proven end)."""
+    with the proven rows, after it with Kafka (from the proven end); where Kafka no longer
+    holds them, none where an ingest commit skipped them (``skipped``), else unverified."""
     first, nxt = audit.first_offset, audit.next_offset
     proven = base.ranges.get(audit.tp)
     if first is None or nxt is None:
@@ -296,8 +328,7 @@ def _incremental_segments(audit: PartitionAudit, base: ledger.Proof, start: int 
     held = max(pn, start) if start is not None else pn
     lost_hi = min(held, nxt)
     if lost_hi > pn:
-        segments.append(Segment(pn, lost_hi, UNVERIFIED))
-        audit.notes.append(_lost_note(pn, lost_hi, start))
+        segments += _lost_segments(audit, pn, lost_hi, start, skipped)
     if nxt > max(pn, lost_hi):
         segments.append(Segment(max(pn, lost_hi), nxt, KAFKA))
     segments.append(Segment(max(nxt, pn), None, NONE))
@@ -315,9 +346,11 @@ def _proof_snapshot(table_path: str, proof: ledger.Proof | None) -> list[FileInf
 
 
 def _full_segments(audit: PartitionAudit, base: ledger.Proof | None, start: int | None,
-                   proven_snapshot: Callable[[], list[FileInfo] | None]) -> list[Segment]:
+                   proven_snapshot: Callable[[], list[FileInfo] | None],
+                   skipped: Callable[[], list[tuple[int, int, int]]] = list) -> list[Segment]:
     """Every row: Kafka where it holds the range; where it does not, the proven
-    version's rows for the part a proof covers; nothing (a failure) for the rest."""
+    version's rows for the part a proof covers, no row for parts an ingest commit skipped
+    (``skipped()``), nothing (a failure) for the rest."""
     first, nxt = audit.first_offset, audit.next_offset
     if first is None or nxt is None or nxt <= first:
         return [Segment(None, None, NONE)]
@@ -340,15 +373,13 @@ def _full_segments(audit: PartitionAudit, base: ledger.Proof | None, start: int 
         if reference is None:
             lo = hi = lost_hi
         if lo > first:
-            segments.append(Segment(first, lo, UNVERIFIED))
-            audit.notes.append(_lost_note(first, lo, start))
+            segments += _lost_segments(audit, first, lo, start, skipped())
         if hi > lo:
             segments.append(Segment(lo, hi, SNAPSHOT, lambda files=reference: files))
             audit.notes.append(f"offsets [{lo}, {hi}) proven at {base.describe()}; Kafka no longer holds them "
                                f"(log start {start}): compared with the table at version {base.version}")
         if lost_hi > hi:
-            segments.append(Segment(hi, lost_hi, UNVERIFIED))
-            audit.notes.append(_lost_note(hi, lost_hi, start))
+            segments += _lost_segments(audit, hi, lost_hi, start, skipped())
     if nxt > lost_hi:
         segments.append(Segment(lost_hi, nxt, KAFKA))
     segments.append(Segment(nxt, None, NONE))

@@ -29,6 +29,12 @@ the file holding them:
   version is inherited as it is);
 * a commit file that is gone (log cleanup) or unreadable: everything is audited
   in full.
+
+Ingest commits of a run with ``failOnDataLoss=false`` record the offsets their batch
+skipped because Kafka no longer held them (``skippedOffsets``, see
+:class:`streamlake.delta.sink.DeltaKafkaSink`): :attr:`Changes.skipped` since the proof,
+:func:`skipped_since` for any span of versions. The check expects no row there instead of
+calling the range unverified.
 """
 
 from __future__ import annotations
@@ -201,6 +207,8 @@ class Changes:
     everything: str | None = None  # set when every partition must be audited in full: why
     commits: Counter = field(default_factory=Counter)  # commit kinds since the proof
     notes: list[str] = field(default_factory=list)
+    # offsets ingest commits since the proof skipped, Kafka no longer holding them: (from, to, version)
+    skipped: dict[TopicPartition, list[tuple[int, int, int]]] = field(default_factory=dict)
 
     def describe_commits(self) -> str:
         n = sum(self.commits.values())
@@ -268,6 +276,8 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
             ch.notes.append(f"commit {v} restores version {custom['toVersion']}, which no check proved: "
                             "its files are treated like any other commit's")
         ch.commits[kind] += 1
+        for tp, lo, hi in skipped_offsets(custom):
+            ch.skipped.setdefault(tp, []).append((lo, hi, v))
         for action in actions:
             if "remove" in action:
                 path = data_file_path(root, action["remove"]["path"], fs)
@@ -294,6 +304,41 @@ def changes_since(table_path: str, proof: Proof, version: int, proofs: ProofInde
                 ch.added[data_file_path(root, add["path"], fs)] = file_info_from_add(root, add, fs)
     ch.version = version
     return ch
+
+
+def skipped_offsets(custom: Mapping) -> list[tuple[TopicPartition, int, int]]:
+    """The ``skippedOffsets`` of a commit's ``streamlake`` metadata: (partition, from, to)."""
+    found = custom.get("skippedOffsets") if isinstance(custom, Mapping) else None
+    out = []
+    for topic, partitions in (found.items() if isinstance(found, Mapping) else ()):
+        for partition, span in (partitions.items() if isinstance(partitions, Mapping) else ()):
+            try:
+                lo, hi = (int(x) for x in span)
+                out.append((TopicPartition(topic, int(partition)), lo, hi))
+            except (TypeError, ValueError):
+                log.info("ignoring a malformed skippedOffsets entry %r of %s", span, topic)
+    return out
+
+
+def skipped_since(table_path: str, after: int, version: int) -> dict[TopicPartition, list[tuple[int, int, int]]]:
+    """What the ingest commits of versions ``(after, version]`` skipped (see :class:`Changes`);
+    a commit file that is gone (log cleanup) or unreadable adds nothing, so its ranges stay
+    unverified."""
+    from streamlake.delta.log import DeltaLog
+    from streamlake.storage.location import normalize
+
+    delta_log = DeltaLog(normalize(table_path))
+    out: dict[TopicPartition, list[tuple[int, int, int]]] = {}
+    for v in range(max(0, after + 1), version + 1):
+        try:
+            info = delta_log.commit_info(v)
+        except (OSError, ValueError) as exc:
+            log.info("commit %d of %s cannot be read for skipped offsets: %s", v, table_path, exc)
+            continue
+        custom = info.get("streamlake") if isinstance(info.get("streamlake"), dict) else {}
+        for tp, lo, hi in skipped_offsets(custom):
+            out.setdefault(tp, []).append((lo, hi, v))
+    return out
 
 
 def _restored(root: str, commit: int, to_version: int, proofs: ProofIndex, depth: int) -> Changes | None:

@@ -190,7 +190,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     for name in checkpoint.discard_interrupted_first_batch():
         log.warning("removed %s: a write a kill interrupted, before the first batch", name)
     options = cfg.source_options()
-    KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
+    parsed = KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
     initial = resolve_initial_offsets(cfg, checkpoint)
     bronze.ensure_bronze_table(cfg.table, storage.for_delta())
     if initial is not None:
@@ -201,7 +201,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
         cfg.table, bronze.BRONZE, checkpoint,
         prepare=bronze.to_bronze, partition_values=bronze.partition_values,
         stats_columns=bronze.STATS_COLUMNS, file_constants=bronze.file_constants if fast else None,
-        storage=storage,
+        storage=storage, log_start=None if cfg.fail_on_data_loss else _log_start(parsed.client),
     )
     if fast:
         if not cfg.min_partitions:  # one evenly loaded read task per core (see streamlake.kafka.source)
@@ -215,6 +215,18 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     writer = writer.trigger(availableNow=True) if cfg.available_now else \
         writer.trigger(processingTime=f"{cfg.processing_time_s} seconds")
     return IngestRun(writer.start(), sink, cfg)
+
+
+def _log_start(client: dict[str, str]):
+    """Kafka's log start offsets of partitions, for the sink of a ``failOnDataLoss=false`` run
+    (it records what each batch skipped)."""
+    from streamlake.kafka.client import KafkaMetadataClient
+
+    def log_start(tps) -> Offsets:
+        with KafkaMetadataClient(client) as kafka:
+            return kafka.earliest(tps)
+
+    return log_start
 
 
 @dataclass
@@ -259,6 +271,7 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
         "lag": lag,
         "deltaVersion": result.get("version"),
         "sinkMs": result.get("timings", {}),
+        **({"skipped": result["skipped"]} if result.get("skipped") else {}),
     }
 
 
@@ -267,7 +280,9 @@ def format_progress(p: dict) -> str:
     lag_text = ", ".join(f"{tp}={n}" for tp, n in lag.items())
     version = p["deltaVersion"] if p["deltaVersion"] is not None else "-"
     return (f"batch {p['batchId']}: {p['numInputRows']} rows, {p['processedRowsPerSecond']:,.0f} rows/s, "
-            f"lag {sum(lag.values())} ({lag_text}), delta version {version}")
+            f"lag {sum(lag.values())} ({lag_text}), delta version {version}"
+            + (f"; skipped offsets Kafka no longer held (failOnDataLoss=false): {p['skipped']}"
+               if p.get("skipped") else ""))
 
 
 def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0,
