@@ -106,6 +106,31 @@ def skipped_to_json(skipped: Mapping[TopicPartition, tuple[int, int]]) -> dict[s
     return out
 
 
+def recorded_topic_ids(table_path: str, version: int, topics, commits: int = 200,
+                       storage: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Topic -> the Kafka topic id that the newest ingest commit of it at or before ``version``
+    recorded (``topicIds``), for each of ``topics``; the Delta log is read backwards until every
+    topic is found, at most ``commits`` commits (a topic not found is absent)."""
+    from streamlake.delta.log import DeltaLog
+
+    wanted = set(topics)
+    log_ = DeltaLog(table_path, storage=dict(storage or {}))
+    found: dict[str, str] = {}
+    for v in range(version, max(-1, version - commits), -1):
+        if not wanted - set(found):
+            break
+        try:
+            info = log_.commit_info(v)
+        except (OSError, ValueError):
+            break  # cleaned up (or unreadable): nothing older to learn
+        custom = info.get("streamlake") if isinstance(info.get("streamlake"), dict) else {}
+        ids = custom.get("topicIds")
+        for topic, topic_id in (ids.items() if isinstance(ids, dict) else ()):
+            if topic in wanted:
+                found.setdefault(topic, str(topic_id))
+    return found
+
+
 def plan_batch(batch_id: int, start: Mapping[TopicPartition, int] | None, end: Mapping[TopicPartition, int],
                committed: Mapping[TopicPartition, int]) -> BatchPlan:
     """Decide what a micro-batch adds to a table holding ``committed`` offsets.
@@ -188,6 +213,10 @@ class DeltaKafkaSink:
     log start offsets of partitions: the read tasks then skip offsets Kafka no longer holds,
     and each commit records what its batch skipped (commit metadata ``skippedOffsets``, see
     :meth:`_skipped`), which the consistency check reads instead of calling it unverified.
+
+    ``topic_ids`` (topic -> Kafka's topic id when the run started) go into each commit's
+    metadata (``topicIds``) for the topics of its batch: a topic deleted and created again
+    has a new id, which the next run compares with these (:func:`recorded_topic_ids`).
     """
 
     def __init__(self, table_path: str, spec: TableSpec, checkpoint: QueryCheckpoint,
@@ -195,7 +224,8 @@ class DeltaKafkaSink:
                  stats_columns: tuple[str, ...] = (),
                  file_constants: Callable[[int, int], Mapping[str, tuple[str, object]]] | None = None,
                  storage: StorageOptions | None = None,
-                 log_start: Callable[[list[TopicPartition]], Offsets] | None = None):
+                 log_start: Callable[[list[TopicPartition]], Offsets] | None = None,
+                 topic_ids: Mapping[str, str] | None = None):
         self.table_path = str(table_path)
         self.storage = storage if storage is not None else storage_options(self.table_path)
         require_safe_commits(self.storage)
@@ -210,6 +240,7 @@ class DeltaKafkaSink:
         self.stats_columns = stats_columns
         self.file_constants = file_constants
         self.log_start = log_start
+        self.topic_ids = dict(topic_ids or {})
         self.last_result: CommitResult | None = None
         self._table = None  # the table, kept between batches and brought up to date incrementally
 
@@ -275,6 +306,7 @@ class DeltaKafkaSink:
                 first[tp] = min(mins) if mins else plan.end[tp]
             records = sum(f.num_records for f in files)
             skipped = self._skipped(plan, files)
+            ids = {t: self.topic_ids[t] for t in sorted({tp.topic for tp in plan.write_from}) if t in self.topic_ids}
             properties = CommitProperties(
                 app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
                 custom_metadata={"streamlake": {
@@ -287,6 +319,7 @@ class DeltaKafkaSink:
                     "endOffsets": offsets_to_json(plan.next_offsets),
                     "records": records,
                     **({"skippedOffsets": skipped_to_json(skipped)} if skipped else {}),
+                    **({"topicIds": ids} if ids else {}),
                 }},
             )
             try:

@@ -192,6 +192,8 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     options = cfg.source_options()
     parsed = KafkaSourceOptions.parse(options)  # bad options fail here, before anything is written
     initial = resolve_initial_offsets(cfg, checkpoint)
+    topic_ids = kafka_topic_ids(parsed.client, cfg.topics, cfg.pattern)
+    check_topic_ids(cfg, topic_ids)  # a topic deleted and created again: before anything is read or written
     bronze.ensure_bronze_table(cfg.table, storage.for_delta())
     if initial is not None:
         options.pop("startingTimestamp", None)
@@ -202,6 +204,7 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
         prepare=bronze.to_bronze, partition_values=bronze.partition_values,
         stats_columns=bronze.STATS_COLUMNS, file_constants=bronze.file_constants if fast else None,
         storage=storage, log_start=None if cfg.fail_on_data_loss else _log_start(parsed.client),
+        topic_ids=topic_ids,
     )
     if fast:
         if not cfg.min_partitions:  # one evenly loaded read task per core (see streamlake.kafka.source)
@@ -215,6 +218,64 @@ def start_ingest(spark, cfg: IngestConfig) -> IngestRun:
     writer = writer.trigger(availableNow=True) if cfg.available_now else \
         writer.trigger(processingTime=f"{cfg.processing_time_s} seconds")
     return IngestRun(writer.start(), sink, cfg)
+
+
+def kafka_topic_ids(client: dict[str, str], topics=(), pattern: str | None = None) -> dict[str, str]:
+    """Kafka's topic id of each of ``topics`` (or of the topics matching ``pattern``) that
+    exists now. Kafka gives a topic deleted and created again under its name a new id."""
+    import re
+
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    from streamlake.kafka.client import api_timeout_s, librdkafka_config
+
+    timeout = api_timeout_s(client)
+    admin = AdminClient(librdkafka_config(client))
+    names = sorted(set(topics))
+    if pattern is not None:
+        try:
+            listed = admin.list_topics(timeout=timeout).topics
+        except KafkaException:
+            return {}  # Kafka down: the source says so when the query starts
+        names = sorted(t for t in listed if re.fullmatch(pattern, t))
+    if not names:
+        return {}
+    ids: dict[str, str] = {}
+    for name, future in admin.describe_topics(TopicCollection(names), request_timeout=timeout).items():
+        try:
+            topic_id = str(future.result().topic_id)
+        except KafkaException:
+            continue  # no such topic (or no answer): the source reports it
+        if topic_id.strip("A="):  # all zeros: a broker without topic ids
+            ids[name] = topic_id
+    return ids
+
+
+def check_topic_ids(cfg: IngestConfig, current: dict[str, str]) -> None:
+    """Raise DataLossError (with failOnDataLoss; else warn) when a topic the table ingested
+    was deleted and created again since: the table's newest ingest commits recorded another
+    topic id for it (:func:`streamlake.delta.sink.recorded_topic_ids`). Its committed offsets
+    then name other records, and offsets alone cannot tell once the new topic has grown past
+    them."""
+    from streamlake.delta.sink import recorded_topic_ids
+    from streamlake.errors import DataLossError
+
+    delta_options = cfg.storage().for_delta()
+    if not current or not table_exists(cfg.table, delta_options):
+        return
+    table = open_table(cfg.table, storage_options=delta_options)
+    recorded = recorded_topic_ids(cfg.table, table.version(), current, storage=cfg.storage_options)
+    changed = sorted(t for t, old in recorded.items() if t in current and current[t] != old)
+    if not changed:
+        return
+    message = "Kafka no longer holds offsets this query must read: " + "; ".join(
+        f"topic {t} was deleted and recreated ({cfg.table} holds records of topic id {recorded[t]}, Kafka's {t} is "
+        f"now topic id {current[t]}: its offsets are other records)" for t in changed)
+    if cfg.fail_on_data_loss:
+        raise DataLossError(message + ". The table is unchanged. Ingest the new topic into a new table, or set "
+                                      "failOnDataLoss=false to go on from the committed offsets.")
+    log.warning("%s; going on from the committed offsets (failOnDataLoss=false)", message)
 
 
 def _log_start(client: dict[str, str]):
