@@ -55,15 +55,24 @@ FETCH_WAIT_PROPERTY = "fetch.wait.max.ms"
 #: and a live job's next micro-batch no longer waits up to 0.5 s (bench/results/kafka_vs_tansu.md).
 DEFAULT_FETCH_WAIT_MS = 50
 #: Errors of an offsets request that a later attempt can succeed after (Kafka's retriable errors
-#: that a ListOffsets answers with while a partition has no serving leader, and lost connections);
+#: that a ListOffsets answers with while a partition has no serving leader, and lost connections;
+#: _DESTROY_BROKER is how a request to a dead leader fails once librdkafka drops that node, which
+#: the cluster's metadata no longer lists);
 #: anything else, or ``KafkaError.retriable()``, is reported at once.
 _RETRIABLE = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
     KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
     KafkaError.KAFKA_STORAGE_ERROR, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
-    KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError._DESTROY_BROKER,
 })
+#: Seconds one attempt of an offsets request may take. librdkafka sends ListOffsets to the leader
+#: its metadata names and does not look for a new one when that leader dies: the request waits out
+#: its whole timeout, or answers LEADER_NOT_AVAILABLE again and again, long after the cluster
+#: elected another leader (Apache Kafka 4.1.1, 3 nodes, the leader SIGKILLed: a 60 s request timed
+#: out, or LEADER_NOT_AVAILABLE for 90 s, while the new leader served ~10 s after the kill). So each
+#: attempt is bounded, and the metadata is refreshed after a failed one (tests/test_kafka_faults.py).
+ATTEMPT_TIMEOUT_S = 5.0
 
 
 def client_config(options: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -199,9 +208,12 @@ class KafkaMetadataClient:
         """ListOffsets for a timestamp, or -1 (latest) / -2 (earliest).
 
         Retriable errors (:data:`_RETRIABLE`: a partition without a serving leader, as
-        right after its topic was created) are retried with a growing pause (50 ms up to
-        1 s) until the API timeout; then KafkaUnavailableError names the partitions still
-        unanswered, how long it tried and the last error. Any other error is raised at once.
+        right after its topic was created, or after its leader died) are retried with a
+        growing pause (50 ms up to 1 s) until the API timeout, each attempt at most
+        :data:`ATTEMPT_TIMEOUT_S` and the metadata refreshed after a failed one (librdkafka
+        then knows the partitions' new leaders); then KafkaUnavailableError names the
+        partitions still unanswered, how long it tried and the last error. Any other error
+        is raised at once.
         """
         pending = list(dict.fromkeys(tps))
         if not pending:
@@ -215,7 +227,7 @@ class KafkaMetadataClient:
             try:
                 answer = self.consumer.offsets_for_times(
                     [KafkaTopicPartition(tp.topic, tp.partition, timestamp) for tp in pending],
-                    timeout=max(0.001, deadline - time.monotonic()))
+                    timeout=max(0.001, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic())))
             except KafkaException as exc:
                 last = exc.args[0]
                 if not _retriable(last):
@@ -241,6 +253,15 @@ class KafkaMetadataClient:
                     f"the timeout); the last error: {last}")
             time.sleep(min(pause, left))
             pause = min(2 * pause, 1.0)
+            self._refresh_metadata(deadline)
+
+    def _refresh_metadata(self, deadline: float) -> None:
+        """A full metadata request (it names no topic, so it creates none), from whose answer
+        librdkafka takes the partitions' current leaders; an error is left to the next attempt."""
+        try:
+            self.consumer.list_topics(timeout=max(0.001, min(ATTEMPT_TIMEOUT_S, deadline - time.monotonic())))
+        except KafkaException:
+            pass
 
     def earliest(self, tps: Iterable[TopicPartition]) -> Offsets:
         """First offset Kafka still holds per partition (the log start offset)."""
