@@ -295,7 +295,8 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, i
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 100,
+                         "auto.offset.reset": "error"})  # offsets that are gone fail, never skip to the end
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out, at_end = {}, set()
     try:
@@ -314,9 +315,15 @@ def read_topic(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, i
 
 def test_manifest_offsets_and_kinds_match_what_a_consumer_reads_back(broker, produce, topic_name, tmp_path,
                                                                       example):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     spec, definition = example
     manifest = tmp_path / "manifest.jsonl"
     mix = dict(MIX, malformed_fraction=0.25)
+    # The records carry the stepping clock's timestamps, a month before today: under Kafka's default
+    # retention (7 days) the broker deletes them within seconds (its retention check runs every 2 s).
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.create_topics([NewTopic(topic_name, 3, config={"retention.ms": "-1"})])[topic_name].result(30)
     summary = produce(topic_name, 600, partitions=3, definition=definition, seed=21, clock=stepping_clock(),
                       manifest_path=manifest, **mix)
     lines = [json.loads(line) for line in manifest.read_text().splitlines()]
