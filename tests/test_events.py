@@ -470,3 +470,31 @@ def test_streamlake_produce_prints_the_counts_and_refuses_bad_fractions(broker, 
     assert "late-fraction + malformed-fraction + duplicate-fraction must be at most 1" in bad.stderr
     bad = run("--topic", topic_name, "--count", "10", "--duplicate-fraction", "2")
     assert bad.returncode == 2 and "duplicate-fraction must be between 0 and 1" in bad.stderr
+
+
+def test_produce_without_a_definition_makes_the_demo_pipelines_records_and_says_so(broker, topic_name):
+    """A script written for the earlier CLI (no --definition) keeps working: the demo's records."""
+    import time
+
+    from confluent_kafka import Consumer
+
+    done = subprocess.run([STREAMLAKE, "produce", "--quiet", "--topic", topic_name, "--count", "20", "--seed", "1"],
+                          env=os.environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    demo = ROOT / "pipelines" / "sensors.yaml"
+    assert f"no --definition given: records of the demo pipeline, {demo}" in done.stderr
+    assert json.loads(done.stdout)["records"] == 20
+    sensors = load_definition(demo)
+    fields = set(sensors.field_names)
+    consumer = Consumer({"bootstrap.servers": os.environ["STREAMLAKE_KAFKA_BOOTSTRAP"], "group.id": topic_name,
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic_name])
+    values = []
+    deadline = time.monotonic() + 30
+    while len(values) < 20 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            values.append(json.loads(msg.value()))
+    consumer.close()
+    assert len(values) == 20
+    assert all(isinstance(v, dict) and set(v) <= fields and sensors.event_time in v for v in values), values[:3]
