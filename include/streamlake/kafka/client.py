@@ -57,8 +57,8 @@ DEFAULT_FETCH_WAIT_MS = 50
 #: Errors of an offsets request that a later attempt can succeed after (Kafka's retriable errors
 #: that a ListOffsets answers with while a partition has no serving leader, and lost connections;
 #: _DESTROY_BROKER is how a request to a dead leader fails once librdkafka drops that node, which
-#: the cluster's metadata no longer lists);
-#: anything else, or ``KafkaError.retriable()``, is reported at once.
+#: the cluster's metadata no longer lists). Errors librdkafka marks retriable
+#: (``KafkaError.retriable()``) are retried too; anything else is reported at once.
 _RETRIABLE = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.BROKER_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
