@@ -132,3 +132,27 @@ def test_airflow_shows_a_broken_file_as_an_import_error_and_keeps_the_other_dags
     error = next(iter(dags.import_errors.values()))
     assert f"{bad}: rules[0].check: rule positive_amount: 'amount + 1'" in error, error
     assert listing(home) == before, "a parse of a broken file writes nothing"
+
+
+def test_airflow_asks_the_spark_connect_server_about_rules_only_spark_refuses(spark, tmp_path, monkeypatch):
+    """At parse, the DAG processor starts no JVM: rules whose verdict is not remembered are
+    analysed on the Spark Connect server of ``spark_connect_default`` (the test session's),
+    in a process of their own. A rule only Spark refuses is then an import error too; the
+    rules Spark accepts are remembered, so the next parse asks nothing."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    shutil.copy(ROOT / "pipelines" / "sensors.yaml", pipelines / "sensors.yaml")
+    bad = bad_definition(pipelines, "no_such_function(amount) > 0", "payments.yaml")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no verdict remembered yet
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("STREAMLAKE_PIPELINES", str(pipelines))
+    dags = DagBag(dag_folder=str(ROOT / "dags"))
+    assert {"ingest_sensors", "savepoint"} <= set(dags.dag_ids)
+    error = next(iter(dags.import_errors.values()), "")
+    assert [Path(f).name for f in dags.import_errors] == ["pipeline_definitions.py"], dags.import_errors
+    assert f"{bad}: rules[0].check: rule positive_amount: 'no_such_function(amount) > 0'" in error, error
+    assert "UNRESOLVED_ROUTINE" in error
+    remembered = list((tmp_path / "cache" / "streamlake" / "rule-checks").iterdir())
+    assert len(remembered) == 1, "the sensors rules Spark accepted, not the refused ones"

@@ -72,6 +72,12 @@ def check_definition(definition: PipelineDefinition, spark=None, remote: str | N
         log.debug("could not remember the rules' verdict in %s: %s", verdict, exc)
 
 
+def spark_verdict_known(definition: PipelineDefinition) -> bool:
+    """Whether Spark's analyzer is not needed for ``definition``: it has no rules, or Spark
+    accepted these very rules over these fields before (the remembered verdict)."""
+    return not definition.rules or _verdict_path(definition).exists()
+
+
 def _check_rules_in_some_session(definition: PipelineDefinition, remote: str | None) -> None:
     from pyspark.sql import SparkSession
 
