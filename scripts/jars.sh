@@ -3,7 +3,7 @@
 #
 # A jar set is one pom, jars/<set>.pom.xml (pinned versions of the artifacts it needs), and
 # one lock, jars/<set>.sha256 (`sha256sum` lines: every jar of the set, its dependencies
-# included). Python finds a set through streamlake.platform.jars.jar_dir("<set>").
+# included). Python finds a set through streamlake.jars.jar_dir("<set>").
 #
 #   scripts/jars.sh fetch [SET...]  copy each set's runtime jars into .venv/jars/<set>/ with
 #                                   mvn (--strict-checksums: Maven checks the repository's

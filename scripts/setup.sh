@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent environment setup: .venv with every pinned dependency, the
 # streamlake package (editable), a Java >= 17 check, and the pinned jar sets
-# from Maven Central (.venv/jars/: the Kafka broker; scripts/jars.sh). Re-running
+# from Maven Central (.venv/jars/: the Kafka broker, Delta's Spark connector, Spark's Kafka source, s3a; scripts/jars.sh). Re-running
 # it is a no-op unless requirements.txt, constraints.txt, pyproject.toml or a
 # jar set (jars/) changed.
 set -euo pipefail
@@ -67,7 +67,9 @@ if [ ! -f "$S3_VENV/.installed" ] || [ "$(cat "$S3_VENV/.installed")" != "$s3_wa
 fi
 
 # Jar sets (jars/<set>.pom.xml, locked by jars/<set>.sha256) from Maven Central into
-# .venv/jars/<set>/, checked, once: the Apache Kafka broker (streamlake.platform.broker).
+# .venv/jars/<set>/, checked, once: the Apache Kafka broker (streamlake.platform.broker), and
+# what every Spark JVM has on its class path: Delta's Spark connector, Spark's Kafka source
+# and Hadoop's s3a (streamlake.spark.session.spark_class_path).
 # Needs mvn; scripts/jars.sh says how it works, `make lock-jars` re-locks a changed pom.
 bash scripts/jars.sh fetch || exit 1
 

@@ -409,7 +409,7 @@ def logged_batches(topic: str, partitions: int) -> list[list[tuple[int, int]]]:
     """(base offset, record count) of every record batch the broker wrote to each partition's
     log segments, as Kafka's own ``kafka.tools.DumpLogSegments`` reads them (one JVM for all)."""
     from streamlake.platform import broker as embedded
-    from streamlake.platform import jars
+    from streamlake import jars
 
     segments = {p: sorted((embedded.data_dir(1) / f"{topic}-{p}").glob("*.log")) for p in range(partitions)}
     assert all(segments.values()), f"no log segments of {topic} under {embedded.data_dir(1)}"

@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streamlake import config
-from streamlake.platform import broker, jars
+from streamlake import jars
+from streamlake.platform import broker
 
 CLI = str(Path(sys.executable).parent / "streamlake")
 

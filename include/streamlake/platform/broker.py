@@ -1,7 +1,7 @@
 """The embedded Kafka cluster for development and tests: Apache Kafka 4 in KRaft mode.
 
 ``make setup`` fetches the broker's jars from Maven Central (jar set ``kafka``:
-``jars/kafka.pom.xml``, :mod:`streamlake.platform.jars`); this module formats
+``jars/kafka.pom.xml``, :mod:`streamlake.jars`); this module formats
 the nodes' log directories and runs ``kafka.Kafka`` on them, one JVM per node,
 each node a broker and a KRaft controller on 127.0.0.1. Production uses a
 Kafka cluster of its own: set ``STREAMLAKE_KAFKA_BOOTSTRAP``.
@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from streamlake import config
-from streamlake.platform import jars, procs
+from streamlake import jars
+from streamlake.platform import procs
 
-JAR_SET = "kafka"
+JAR_SET = jars.KAFKA
 SERVICE_PREFIX = "kafka-"
 RUN_STATE = "kafka.json"
 MAX_BROKERS = 5
@@ -359,7 +360,7 @@ def start(port: int | None = None, brokers: int | None = None, properties: dict 
     Raises :class:`KafkaStartError` (a RuntimeError) when a port is in use, a node's data
     directory is gone, a node does not start (with its log's tail), or the cluster already
     runs with another layout; nothing of this start is left running then. Raises
-    :class:`~streamlake.platform.jars.JarsNotInstalled` or FileNotFoundError (Java) first."""
+    :class:`~streamlake.jars.JarsNotInstalled` or FileNotFoundError (Java) first."""
     classpath = jars.classpath(JAR_SET)
     java_executable()
     properties = {str(k): str(v) for k, v in (properties or {}).items()}

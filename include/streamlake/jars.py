@@ -17,6 +17,10 @@ from streamlake import config
 
 STAMP = ".lock.sha256"
 
+# The platform's sets.
+KAFKA = "kafka"  # the Apache Kafka broker (streamlake.platform.broker)
+SPARK = "spark"  # on every Spark JVM's class path: Delta's connector, Spark's Kafka source, s3a
+
 
 class JarsNotInstalled(FileNotFoundError):
     """A jar set is missing from ``.venv/jars`` or out of date: ``make setup`` fetches it."""
