@@ -3,7 +3,8 @@ class-data-sharing archive (see streamlake.spark.class_archive).
 
 It touches what the platform's jobs use: a session, SQL with a shuffle and windows,
 Arrow both ways, Python in tasks (mapInArrow), a streaming query with foreachBatch,
-and what silver and gold add (a cold silver batch loaded some 3,200 classes from the jars
+Delta Lake's connector (a table written, read, its
+history and time travel), and what silver and gold add (a cold silver batch loaded some 3,200 classes from the jars
 without it): Python data sources (batch and streaming, Arrow batches), JSON parsing,
 the columnar cache, generated code (Janino), joins, Parquet written and read back.
 Its results are checked, so a broken Spark installation fails here, not in a job.
@@ -123,6 +124,16 @@ def main() -> int:
                 query = (stream.writeStream.option("checkpointLocation", f"{tmp}/checkpoint-{len(seen)}")
                          .foreachBatch(batch).trigger(availableNow=True).start())
                 query.awaitTermination(120)
+
+            # What a user does with Delta's connector on the platform's tables: a table written,
+            # appended to, read by path and by delta.`path`, its history and an older version
+            # (the connector's classes, its log replay and its SQL extension).
+            table = f"{tmp}/delta"
+            spark.range(50).withColumn("k", F.col("id") % 3).write.format("delta").save(table)
+            spark.range(50, 80).withColumn("k", F.col("id") % 3).write.format("delta").mode("append").save(table)
+            assert spark.read.format("delta").load(table).count() == 80
+            assert spark.sql(f"SELECT count(*) FROM delta.`{table}` VERSION AS OF 0").first()[0] == 50
+            assert [r.version for r in spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()] == [1, 0]
         print(f"warm-up done: {len(seen)} streaming batches")
     finally:
         spark.stop()

@@ -82,7 +82,7 @@ def _check_rules_in_some_session(definition: PipelineDefinition, remote: str | N
     from pyspark.sql import SparkSession
 
     from streamlake.platform import spark_connect
-    from streamlake.spark.session import get_spark
+    from streamlake.spark.session import get_spark, quiet_local_session
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -94,40 +94,11 @@ def _check_rules_in_some_session(definition: PipelineDefinition, remote: str | N
     if url:
         session = get_spark("streamlake-check-definition", remote=url)
     else:
-        session = _quiet_local_session()
+        session = quiet_local_session("streamlake-check-definition")
     try:
         check_rules(session, definition)
     finally:
         session.stop()
-
-
-def _quiet_local_session():
-    """A small local session whose JVM writes to a temporary file, not the terminal: the check's
-    own error is then the one line a refused command prints. Its output is shown only if the
-    JVM does not start."""
-    import sys
-    import tempfile
-
-    from streamlake.spark.session import get_spark
-
-    with tempfile.TemporaryFile() as sink:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = {fd: os.dup(fd) for fd in (1, 2)}
-        for fd in saved:
-            os.dup2(sink.fileno(), fd)  # the JVM inherits both and keeps them
-        try:
-            return get_spark("streamlake-check-definition", master="local[1]",
-                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"})
-        except Exception as exc:
-            sink.seek(0)
-            tail = sink.read().decode(errors="replace").strip().splitlines()[-20:]
-            raise RuntimeError(f"a local Spark session to check the definition's rules did not start: {exc}\n"
-                               + "\n".join(tail)) from None
-        finally:
-            for fd, copy in saved.items():
-                os.dup2(copy, fd)
-                os.close(copy)
 
 
 def check_rules(spark, definition: PipelineDefinition) -> None:

@@ -14,8 +14,8 @@ do, silver's and gold's included: with an archive of a warm-up without Python da
 Parquet, the columnar cache and joins, a cold silver and gold run (``local[2]``, 86,489 rows)
 loaded 3,205 classes from the jars, with this one 887 (438 of them Janino's, whose signed jar
 the JVM does not archive), and took 1.0-1.6 s less (24.2 against 25.1 s, 25.2 against 26.8 s
-in alternated runs, 2026-12-05). The archive's name carries a digest of the warm-up, so
-``make setup`` builds a new one when the warm-up changes and removes the one before.
+in alternated runs, 2026-12-05). The archive's name carries a digest of the warm-up and of
+the installed "spark" jar set, so ``make setup`` builds a new one when either changes and removes the one before.
 
 Safe to be missing or stale: the JVM validates the archive against its own build and
 class path and, when either differs or the file is absent, runs without it, silently
@@ -45,11 +45,14 @@ WARM_UP_JOB = "class_archive_warm_up.py"
 def archive_path() -> Path:
     """Where the archive of this environment's pyspark and of the current warm-up lives (inside
     the virtualenv: it belongs to the installed jars, not to a user's data)."""
-    from streamlake import config
+    from streamlake import config, jars
 
     try:
-        warm_up = hashlib.sha256((config.project_root() / "jobs" / WARM_UP_JOB).read_bytes()).hexdigest()[:12]
-    except OSError:  # no warm-up here: no archive will be built, the JVMs start without one
+        digest = hashlib.sha256((config.project_root() / "jobs" / WARM_UP_JOB).read_bytes())
+        # the jars on the class path (streamlake.spark.session.spark_class_path) belong to it too
+        digest.update((jars.jar_dir(jars.SPARK) / jars.STAMP).read_bytes())
+        warm_up = digest.hexdigest()[:12]
+    except OSError:  # no warm-up or no jars here: no archive will be built, the JVMs start without one
         warm_up = "none"
     return Path(sys.prefix) / "share" / "streamlake" / f"spark-{version('pyspark')}-{warm_up}-classes.jsa"
 

@@ -37,6 +37,19 @@ SPARK_DEFAULTS: dict[str, str] = {
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
 
+# Delta Lake's Spark connector (the "spark" jar set, on every Spark JVM's class path): its SQL
+# extension (DESCRIBE HISTORY, OPTIMIZE, VACUUM, time travel, ...) and its catalog, so a user's
+# spark.read.format("delta"), delta.`path` and tables by name work on every table of the
+# platform. A snapshot's log replay is a Spark job of snapshotPartitions tasks (Delta's
+# default: 50, each a task to schedule on 2 cores for logs of a few hundred commits).
+DELTA_SQL: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+SPARK_DEFAULTS.update(DELTA_SQL)
+
+
 
 # A JVM that lives for one short run (an available-now pipeline run, a check, a backfill; the
 # test session) stops JIT compilation at C1: C2's compilations cost more CPU than they save
@@ -107,10 +120,27 @@ def python_executable() -> str:
     return sys.executable if is_launcher(python) else python
 
 
+def spark_class_path(environ: Mapping[str, str] | None = None) -> str:
+    """SPARK_DIST_CLASSPATH for a Spark JVM of the platform: the "spark" jar set (Delta's
+    connector, Spark's Kafka source, Hadoop's s3a: jars/spark.pom.xml), then what ``environ`` already had there. Spark's
+    launcher puts it after pyspark's jars for every JVM it starts (spark-submit, a local
+    session's gateway, the standalone master, workers and the executors they launch), so the
+    class archive, built with the same path, stays valid. Raises
+    :class:`streamlake.jars.JarsNotInstalled` when the set is missing (``make setup``)."""
+    from streamlake import jars
+
+    ours = jars.classpath(jars.SPARK)
+    theirs = (environ if environ is not None else os.environ).get("SPARK_DIST_CLASSPATH", "")
+    parts = [p for p in theirs.split(os.pathsep) if p and p != ours]
+    return os.pathsep.join([ours, *parts])
+
+
 def job_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for spark-submit: this interpreter for driver and workers, the
-    venv's bin first on PATH, and the platform settings passed through."""
+    """Environment for spark-submit and the Spark services: this interpreter for driver and
+    workers, the venv's bin first on PATH, the platform's jars on the class path
+    (:func:`spark_class_path`), and the platform settings passed through."""
     env = dict(os.environ)
+    env["SPARK_DIST_CLASSPATH"] = spark_class_path(env)
     python = python_executable()
     env["PYSPARK_PYTHON"] = python
     env["PYSPARK_DRIVER_PYTHON"] = python
@@ -216,6 +246,7 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
 
     os.environ.setdefault("PYSPARK_PYTHON", python_executable())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python_executable())
+    os.environ["SPARK_DIST_CLASSPATH"] = spark_class_path()  # read by the JVM this may start
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
@@ -233,3 +264,30 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
         os.environ["PYSPARK_PYTHON"] = interpreter
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def quiet_local_session(app_name: str, master: str = "local[1]"):
+    """A small local session whose JVM writes to a temporary file, not the terminal: a command
+    that needs Spark for a moment (a definition's rules, ``streamlake sql``) then prints only its
+    own output and its one-line errors. The JVM's output is shown only if it does not start
+    (RuntimeError with its last lines)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as sink:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        for fd in saved:
+            os.dup2(sink.fileno(), fd)  # the JVM inherits both and keeps them
+        try:
+            return get_spark(app_name, master=master,
+                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"})
+        except Exception as exc:
+            sink.seek(0)
+            tail = sink.read().decode(errors="replace").strip().splitlines()[-20:]
+            raise RuntimeError(f"a local Spark session ({app_name}) did not start: {exc}\n"
+                               + "\n".join(tail)) from None
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
