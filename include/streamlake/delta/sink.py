@@ -51,7 +51,7 @@ from streamlake.delta.files import (
     write_attempt_files,
 )
 from streamlake.delta.table import TableSpec, ensure_table
-from streamlake.delta.txn import committed_offsets, offset_transactions
+from streamlake.delta.txn import commit_info, committed_offsets, offset_transactions
 from streamlake.errors import CommitConflictError, InvalidOptionError, OffsetGapError
 from streamlake.faults import crash_point
 from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
@@ -309,7 +309,7 @@ class DeltaKafkaSink:
             ids = {t: self.topic_ids[t] for t in sorted({tp.topic for tp in plan.write_from}) if t in self.topic_ids}
             properties = CommitProperties(
                 app_transactions=offset_transactions(plan.next_offsets, first, query_id, batch_id),
-                custom_metadata={"streamlake": {
+                custom_metadata=commit_info({
                     "operation": "ingest",
                     "queryId": query_id,
                     "batchId": batch_id,
@@ -320,7 +320,7 @@ class DeltaKafkaSink:
                     "records": records,
                     **({"skippedOffsets": skipped_to_json(skipped)} if skipped else {}),
                     **({"topicIds": ids} if ids else {}),
-                }},
+                }),
             )
             try:
                 table.create_write_transaction(

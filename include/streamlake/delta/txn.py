@@ -15,16 +15,33 @@ as the data (the kafka-delta-ingest scheme, plus a start marker):
 
 So the committed offsets can be read from the table alone, at any version.
 Topic names cannot contain ``:``, so the names are unambiguous.
+
+Every platform commit also says what it did in its ``commitInfo`` (:func:`commit_info`): the
+offsets or upstream versions it covers, its micro-batch, its operation.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import json
+from typing import Any, Iterable, Mapping
 
 from deltalake import DeltaTable
 from deltalake.transaction import Transaction
 
 from streamlake.kafka.offsets import Offsets, TopicPartition
+
+
+COMMIT_INFO_KEY = "streamlake"
+
+
+def commit_info(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``commitInfo`` fields of a platform commit (``custom_metadata`` of delta-rs's
+    CommitProperties): ``streamlake``, the object the platform reads back (positions, batch,
+    operation), and the same facts as a JSON string in ``userMetadata``, the field Delta's own
+    tools show: delta-spark's ``DESCRIBE HISTORY`` drops commitInfo fields it does not know,
+    so that is where a user reads each commit's offsets or upstream versions."""
+    facts = dict(facts)
+    return {COMMIT_INFO_KEY: facts, "userMetadata": json.dumps(facts, sort_keys=True, default=str)}
 
 
 def next_offset_app_id(tp: TopicPartition) -> str:

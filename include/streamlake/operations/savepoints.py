@@ -45,6 +45,7 @@ from streamlake import __version__, config
 from streamlake.config import savepoints_dir
 from streamlake.delta.table import open_table
 from streamlake.delta.txn import (
+    commit_info,
     committed_offsets,
     first_offset_app_id,
     first_offsets,
@@ -340,8 +341,8 @@ def restore_savepoint(savepoint_id: str, *, timeout_s: float = 180.0) -> dict:
             table = open_table(state.path)
             properties = CommitProperties(
                 app_transactions=[Transaction(app, v) for app, v in sorted(state.transactions.items())],
-                custom_metadata={"streamlake": {"operation": "restore", "savepoint": manifest.id,
-                                                "toVersion": state.version}})
+                custom_metadata=commit_info({"operation": "restore", "savepoint": manifest.id,
+                                             "toVersion": state.version}))
             if table.version() == state.version:
                 table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
             else:

@@ -45,6 +45,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
 from streamlake.delta.table import evolve_table, files_overlapping, open_table, parquet_dataset, read_files
+from streamlake.delta.txn import commit_info
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
 from streamlake.pipeline.gold import (
@@ -366,12 +367,12 @@ def _commit_gold(definition: PipelineDefinition, aggregate: Aggregate, paths: Ag
     gold = open_table(paths.gold, plan.gold_version)
     properties = CommitProperties(
         app_transactions=[Transaction(position_app_id("silver"), plan.gold_position)],
-        custom_metadata={"streamlake": {"operation": "backfill", "run": run_id, "aggregate": aggregate.name,
-                                        "window": str(aggregate.window), "silverVersion": plan.silver_version,
-                                        "windows": len(upserts), "deleted": len(deletes),
-                                        "lateEvents": plan.late_events.num_rows,
-                                        "from": plan.range_start.isoformat() if plan.range_start else None,
-                                        "to": plan.range_end.isoformat() if plan.range_end else None}})
+        custom_metadata=commit_info({"operation": "backfill", "run": run_id, "aggregate": aggregate.name,
+                                     "window": str(aggregate.window), "silverVersion": plan.silver_version,
+                                     "windows": len(upserts), "deleted": len(deletes),
+                                     "lateEvents": plan.late_events.num_rows,
+                                     "from": plan.range_start.isoformat() if plan.range_start else None,
+                                     "to": plan.range_end.isoformat() if plan.range_end else None}))
     merge_into_gold(gold, gold_spec(definition, aggregate), aggregate, upserts, deletes, properties)
     return open_table(paths.gold).version()
 
@@ -389,8 +390,8 @@ def _mark_applied(definition: PipelineDefinition, late_path: str, late: pa.Table
             (table.merge(keys, 't."topic" = s."topic" AND t."partition" = s."partition" AND t."offset" = s."offset" '
                                'AND t.event_date = s.event_date',
                          source_alias="s", target_alias="t",
-                         commit_properties=Props(custom_metadata={"streamlake": {"operation": "backfill-applied",
-                                                                                 "run": run_id}}))
+                         commit_properties=Props(custom_metadata=commit_info({"operation": "backfill-applied",
+                                                                              "run": run_id})))
              .when_matched_update({"applied": "true", "applied_at": f"'{now.isoformat()}'",
                                    "applied_by": f"'{run_id}'"}).execute())
             return

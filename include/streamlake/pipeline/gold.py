@@ -50,6 +50,7 @@ from streamlake.delta.table import (
     table_exists,
     with_commit_retries,
 )
+from streamlake.delta.txn import commit_info
 from streamlake.errors import InvalidOptionError
 from streamlake.faults import crash_point
 from streamlake.pipeline.definition import Aggregate, PipelineDefinition
@@ -98,9 +99,9 @@ def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate,
         try:
             DeltaTable.create(path, spec.schema, mode="ignore", partition_by=list(spec.partition_by), name=spec.name,
                               description=spec.description, configuration=dict(spec.configuration),
-                              storage_options=options, commit_properties=CommitProperties(custom_metadata={"streamlake": {
+                              storage_options=options, commit_properties=CommitProperties(custom_metadata=commit_info({
                                   "operation": "create", "window": str(aggregate.window),
-                                  "aggregate": aggregate.to_dict()}}))
+                                  "aggregate": aggregate.to_dict()})))
         except CommitFailedError:
             pass  # another process created it first
     table = ensure_table(path, spec, options)

@@ -36,7 +36,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from streamlake.delta.files import add_actions, write_attempt_files
 from streamlake.delta.table import MAX_COMMIT_ATTEMPTS, TableSpec, ensure_table, open_table
-from streamlake.delta.txn import query_app_id
+from streamlake.delta.txn import commit_info, query_app_id
 from streamlake.errors import CommitConflictError, PositionGapError
 from streamlake.faults import crash_point
 from streamlake.spark.checkpoint import QueryCheckpoint
@@ -173,9 +173,9 @@ def stage_transactions(source: str, batch: BatchRange, extra: Mapping[str, int] 
 
 
 def commit_metadata(stage: str, batch: BatchRange, source: str, attempt: str, **extra) -> dict:
-    return {"streamlake": {"operation": stage, "queryId": batch.query_id, "batchId": batch.batch_id,
-                           "attempt": attempt, "source": source, "from": str(batch.start or "beginning"),
-                           "to": str(batch.end), **extra}}
+    return commit_info({"operation": stage, "queryId": batch.query_id, "batchId": batch.batch_id,
+                        "attempt": attempt, "source": source, "from": str(batch.start or "beginning"),
+                        "to": str(batch.end), **extra})
 
 
 @dataclass(frozen=True)
