@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     except StreamLakeError as exc:
         print(f"ERROR: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2
+    else:
+        if args.remote:  # the job's tables by SQL name on the platform's server, new ones included
+            from streamlake.operations.sql_catalog import register_tables
+
+            try:
+                register_tables(spark, [load_job(args.job)])
+            except Exception as exc:  # noqa: BLE001 - names are a convenience, never the proof's verdict
+                print(f"warning: the job's tables got no SQL names: {' '.join(str(exc).split())[:300]}",
+                      file=sys.stderr, flush=True)
     finally:
         spark.stop()
     for check in summary["checks"]:

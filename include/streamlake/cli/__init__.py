@@ -15,6 +15,7 @@
     streamlake check --job NAME | --root DIR   consistency checks (recorded); --list (cli/checks.py)
     streamlake quality run --table T [--job NAME | --root DIR | --path P] [--from-version V] [--to-version W] | show
                                            Great Expectations validation, recorded (cli/quality.py)
+    streamlake sql "QUERY" [--json] [--remote sc://...]   SQL over every table by name    (cli/sql.py)
     streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1
     streamlake airflow start|stop|status   Airflow standalone with the DAGs
     streamlake platform                    broker + producer + Spark + Airflow (`make run`)
@@ -35,7 +36,8 @@ import sys
 from streamlake import logs
 from streamlake.errors import StreamLakeError
 
-GROUPS = ("kafka", "object_store", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "services")
+GROUPS = ("kafka", "object_store", "ingest", "pipeline", "backfill", "jobs", "savepoints", "checks", "quality", "sql",
+          "services")
 
 
 def build_parser() -> argparse.ArgumentParser:

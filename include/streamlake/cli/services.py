@@ -170,6 +170,20 @@ def _await_connect_server(server: dict) -> None:
     print(f"Fork server:       {forks['socket']}: each client of the Spark Connect server, and the Python processes "
           f"of Spark on this machine ({forks['spark_python']}), forked with their libraries (Great Expectations, "
           f"pyspark, pyarrow) already imported, no interpreter start each")
+    _name_tables(server["url"])
+
+
+def _name_tables(url: str) -> None:
+    """Give every existing table its SQL name on the Connect server (a client process of its own:
+    this one starts no Spark session); the proofs after each run name new tables."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "streamlake.operations.sql_catalog", "--remote", url],
+                          capture_output=True, text=True, timeout=120)
+    said = (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
+    print(f"SQL:               <pipeline>.<table> and streamlake.<table> on {url} "
+          f"(`streamlake sql \"SHOW TABLES IN sensors\"`; {said[-1] if said else 'no output'})")
 
 
 def start_local_lake(port: int) -> None:
