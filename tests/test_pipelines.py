@@ -210,6 +210,75 @@ def test_the_proof_and_data_quality_pass(spark, pipeline_run):
     assert all(q["status"] in ("PASS", "WARN") for q in summary["quality"]), summary["quality"]
 
 
+def _delta_history(spark, path: str) -> list:
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+
+
+def test_delta_spark_reads_every_table_as_the_platform_does(spark, pipeline_run):
+    """Delta Lake's own Spark connector (on every Spark JVM of the platform) reads every table
+    of the pipeline, by path and by delta.`path`, row for row as the platform's reader does; its
+    DESCRIBE HISTORY shows each commit with the positions it carries (bronze: the Kafka offsets
+    the test's producer was acknowledged; silver and gold: the upstream table they read); its
+    streaming source reads bronze from a given version, each row once. A savepoint is taken for
+    the time-travel test after the backfill."""
+    from streamlake.operations.savepoints import create_savepoint
+    from streamlake.pipeline.schemas import table_spec
+
+    run = pipeline_run
+    for name, path in run.tables().items():
+        ours = read_table(spark, path, table_spec(run.definition, name))
+        theirs = spark.read.format("delta").load(path).select(*ours.columns)
+        assert ours.count() == theirs.count() > 0 or name.startswith("late_events"), name
+        assert theirs.exceptAll(ours).count() == 0 and ours.exceptAll(theirs).count() == 0, name
+        assert spark.sql(f"SELECT count(*) FROM delta.`{path}`").first()[0] == ours.count(), name
+
+    # Bronze's history: every append names the offsets it covers; the newest per partition is
+    # the end the test's producer was acknowledged (its last offset + 1).
+    history = _delta_history(spark, run.cfg.table("bronze"))
+    assert [h.version for h in history] == list(range(len(history)))
+    ends: dict[int, int] = {}
+    for h in history[1:]:
+        assert h.operation == "WRITE", h
+        facts = json.loads(h.userMetadata)
+        assert facts["operation"] == "ingest" and facts["records"] >= 0, facts
+        for topic, by_partition in facts["endOffsets"].items():
+            assert topic == run.definition.topics[0], facts
+            for partition, offset in by_partition.items():
+                ends[int(partition)] = max(ends.get(int(partition), 0), offset)
+    expected_ends: dict[int, int] = {}
+    for partition, offset in run.where:
+        expected_ends[partition] = max(expected_ends.get(partition, 0), offset + 1)
+    assert ends == expected_ends
+    # Silver and each gold: every data commit says which upstream table it read, and to where.
+    for name, upstream in [("silver", "bronze"), *((a.gold_table, "silver") for a in run.definition.aggregates)]:
+        commits = [json.loads(h.userMetadata) for h in _delta_history(spark, run.cfg.table(name))
+                   if h.userMetadata and json.loads(h.userMetadata).get("source") == upstream]
+        assert commits and all(c["to"] for c in commits), name
+
+    # The streaming source from a version in the middle: each row of the versions from there once.
+    bronze = run.cfg.table("bronze")
+    start = len(history) // 2
+    seen: list[tuple] = []
+
+    def collect(df, _batch_id):
+        seen.extend((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as checkpoint:
+        query = (spark.readStream.format("delta").option("startingVersion", start).load(bronze)
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+    now = {(r.partition, r.offset) for r in spark.read.format("delta").load(bronze).collect()}
+    before = {(r.partition, r.offset) for r in
+              read_table(spark, bronze, table_spec(run.definition, "bronze"), version=start - 1).collect()}
+    assert len(seen) == len(set(seen)), "a row twice from delta-spark's streaming source"
+    assert set(seen) == now - before and seen
+
+    run.savepoint = create_savepoint(run.job, note="before the backfill (test_pipelines)")
+
+
 def test_backfill_then_every_gold_table_equals_the_tests_own_aggregate(spark, pipeline_run):
     """After a backfill of every pending late event, each gold table holds exactly the
     windows the test computes from the events it produced (after de-duplication)."""
@@ -226,6 +295,80 @@ def test_backfill_then_every_gold_table_equals_the_tests_own_aggregate(spark, pi
         assert len(expected) >= 2
         late = read_table(spark, run.cfg.table(agg.late_table), late_spec(run.definition, agg))
         assert late.where("NOT applied").count() == 0
+
+
+def test_delta_spark_time_travels_to_a_savepoints_versions(spark, pipeline_run):
+    """``VERSION AS OF`` a savepoint's version of each table, through Delta's connector, is the
+    data the platform reads at that version; gold, which the backfill changed since, differs
+    from its current state there. The backfill's commit is in gold's history with its facts."""
+    from streamlake.pipeline.schemas import table_spec
+
+    run = pipeline_run
+    savepoint = getattr(run, "savepoint", None)
+    if savepoint is None:
+        pytest.skip("needs the savepoint of test_delta_spark_reads_every_table_as_the_platform_does")
+    for state in savepoint.tables:
+        spec = table_spec(run.definition, state.name)
+        ours = read_table(spark, state.path, spec, version=state.version)
+        theirs = spark.sql(f"SELECT * FROM delta.`{state.path}` VERSION AS OF {state.version}").select(*ours.columns)
+        assert theirs.exceptAll(ours).count() == 0 and ours.exceptAll(theirs).count() == 0, state.path
+    for agg in run.definition.aggregates:
+        path = run.cfg.table(agg.gold_table)
+        then = next(s.version for s in savepoint.tables if s.path == path)
+        spec = gold_spec(run.definition, agg)
+        current = read_table(spark, path, spec)
+        old = spark.sql(f"SELECT * FROM delta.`{path}` VERSION AS OF {then}").select(*current.columns)
+        assert old.exceptAll(current).count() + current.exceptAll(old).count() > 0, \
+            "the backfill changed gold since the savepoint"
+        backfills = [json.loads(h.userMetadata) for h in _delta_history(spark, path)
+                     if h.version > then and h.userMetadata]
+        assert any(f["operation"] == "backfill" and f["aggregate"] == agg.name for f in backfills), backfills
+
+
+def _sql(*args: str):
+    import subprocess
+    import sys
+
+    from conftest import SPARK_CONNECT_PORT
+
+    return subprocess.run([str(Path(sys.executable).parent / "streamlake"), "sql",
+                           "--remote", f"sc://127.0.0.1:{SPARK_CONNECT_PORT}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_streamlake_sql_names_every_table(spark, pipeline_run):
+    """``streamlake sql`` on the Spark Connect server (the test session's): the job's tables as
+    ``<job>.<table>`` and the platform's as ``streamlake.<table>``; counts equal what the test
+    produced; an unknown table and a syntax error are one line each, exit 2."""
+    run = pipeline_run
+    job = re.sub(r"[^A-Za-z0-9_]", "_", run.job.name)  # Spark's catalog takes letters, digits and _
+    agg = run.definition.aggregates[0]
+    query = (f"SELECT (SELECT count(*) FROM `{job}`.bronze) AS bronze, "
+             f"(SELECT count(DISTINCT {run.definition.event_id}) FROM `{job}`.silver) AS events, "
+             f"(SELECT count(*) FROM `{job}`.quarantine) AS quarantined, "
+             f"(SELECT count(*) FROM `{job}`.{agg.gold_table.replace('/', '_')}) AS windows, "
+             f"(SELECT count(*) FROM `{job}`.{agg.late_table.replace('/', '_')} WHERE NOT applied) AS pending, "
+             f"(SELECT count(*) FROM streamlake.consistency_checks WHERE job = '{run.job.name}') AS checks")
+    done = _sql("--json", query)
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)
+    assert row["bronze"] == len(run.records)
+    assert row["events"] == len({e[run.definition.event_id] for e in run.events})
+    assert row["quarantined"] == len(run.kind("malformed"))
+    windows = len(oracle.expected_gold(run.raw, agg.name, run.events))
+    # every window once the backfill applied the late events (test_backfill_then_... ran first)
+    assert row["windows"] == windows if row["pending"] == 0 else 0 < row["windows"] <= windows
+    assert row["checks"] >= 1
+
+    table = _sql(f"SELECT count(*) AS n FROM `{job}`.bronze")
+    assert table.returncode == 0 and f"| {len(run.records)}" in table.stdout and "(1 row)" in table.stdout, table
+
+    unknown = _sql(f"SELECT * FROM `{job}`.no_such_table")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    [line] = unknown.stderr.strip().splitlines()
+    assert "TABLE_OR_VIEW_NOT_FOUND" in line and f"{job}.bronze" in line and "streamlake.operations" in line, line
+    bad = _sql("SELEC 1")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "PARSE_SYNTAX_ERROR" in bad.stderr
 
 
 def test_a_restarted_pipeline_with_lost_checkpoints_writes_nothing_twice(spark, pipeline_run):
