@@ -739,6 +739,7 @@ def pipelines(request: Request) -> HTMLResponse:
     """Every pipeline: its definition, tables, pending late events, latest checks and quality;
     then the definition files that do not load, with why."""
     from streamlake.operations.jobs import definition_errors, list_jobs
+    from streamlake.operations.sql_catalog import sql_name
     from streamlake.orchestration.pipeline_dags import backfill_dag_id, ingest_dag_id
 
     base = _airflow_base(request)
@@ -749,7 +750,7 @@ def pipelines(request: Request) -> HTMLResponse:
     for name in names:
         p = _pipeline_overview(name)
         q = p["quality"]
-        rows = [[_td(t), _td("-" if v is None else f"v{v}" if isinstance(v, int) else v, "num"), _td(q.get(t, "-"), q.get(t, "")),
+        rows = [[_td(t), f"<td><code>{html.escape(sql_name(name, t))}</code></td>", _td("-" if v is None else f"v{v}" if isinstance(v, int) else v, "num"), _td(q.get(t, "-"), q.get(t, "")),
                  _td(p["pending_late_events"].get(t.split("/", 1)[1], "") if t.startswith("late_events/") else "",
                      "num")]
                 for t, v in p["tables"].items()]
@@ -770,7 +771,7 @@ def pipelines(request: Request) -> HTMLResponse:
             f"<p>{html.escape(p['description'])}</p><p class='muted'>topics {html.escape(', '.join(p['topics']))} · "
             f"root <code>{html.escape(p['root'])}</code> · definition <code>{html.escape(p['definition'] or '-')}"
             f"</code></p>{_definition_error(p['definition_error'])}<p>{links}</p><ul>{aggs}</ul>"
-            + _table(["table", "Delta version", "latest quality", "late events pending"], rows, "")
+            + _table(["table", "SQL name", "Delta version", "latest quality", "late events pending"], rows, "")
             + _table(["check", "table", "verdict", "checked at"], checks_rows, "No checks recorded yet.")
             + "</section>")
     if not names:

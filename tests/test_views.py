@@ -106,7 +106,8 @@ def test_the_pipelines_view_lists_every_definition_with_its_tables(client):
     orders = sections["orders"]
     for table in ("bronze", "silver", "quarantine", "gold/revenue_5m", "late_events/revenue_5m", "gold/activity",
                   "late_events/activity"):
-        assert f"<td class=''>{table}</td>" in orders, table
+        sql = "orders." + table.replace("/", "_")  # what `streamlake sql` and the Connect server call it
+        assert f"<td class=''>{table}</td><td><code>{sql}</code></td>" in orders, table
     assert "ingest_orders" in orders and "backfill_orders" in orders and "late-events?job=orders" in orders
     assert "gold/activity</b>: per window and session:2m window" in orders
     api = {p["name"]: p for p in client.get("/api/pipelines").json()}

@@ -52,6 +52,12 @@ def sql_table(table: str) -> str:
     return sql_identifier(table)
 
 
+def sql_name(job: str, table: str) -> str:
+    """The SQL name of ``job``'s table ``table`` (``gold/per_minute`` of ``sensors``:
+    ``sensors.gold_per_minute``)."""
+    return f"{sql_identifier(job)}.{sql_table(table)}"
+
+
 def _platform_tables() -> dict[str, str]:
     from streamlake.operations.consistency import RESULTS
     from streamlake.operations.ledger import VERIFIED_RANGES
@@ -83,7 +89,7 @@ def sql_names(jobs: Iterable[JobSpec] | None = None) -> dict[str, str]:
                         job.name, schema, owners[schema.lower()])
             continue
         owners[schema.lower()] = f"job {job.name}"
-        names.update({f"{schema}.{sql_table(t)}": path for t, path in job.tables().items()})
+        names.update({sql_name(job.name, t): path for t, path in job.tables().items()})
     return names
 
 
