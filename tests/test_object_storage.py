@@ -57,6 +57,14 @@ def test_storage_options_come_from_the_environment_then_flags_and_secrets_never_
     assert redact("failed with key env-secret-value for AKIA1", opts) == "failed with key *** for ***"
     # GCS reads its own family's variables, not AWS's.
     assert dict(storage_options("gs://b/p", env=env)) == {"GOOGLE_SERVICE_ACCOUNT": "not-for-s3"}
+    # The same options as Hadoop's s3a settings (for Delta's Spark connector), for that bucket only.
+    minio = storage_options("s3://bucket/lake", ["AWS_ENDPOINT_URL=http://127.0.0.1:9000"], env=env)
+    assert minio.for_hadoop() == {
+        "fs.s3a.bucket.bucket.endpoint": "http://127.0.0.1:9000", "fs.s3a.bucket.bucket.path.style.access": "true",
+        "fs.s3a.bucket.bucket.connection.ssl.enabled": "false", "fs.s3a.bucket.bucket.endpoint.region": "eu-west-1",
+        "fs.s3a.bucket.bucket.access.key": "AKIA1", "fs.s3a.bucket.bucket.secret.key": "env-secret-value",
+        "fs.s3a.bucket.bucket.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+    assert storage_options("gs://b/p", env=env).for_hadoop() == {}
 
     with pytest.raises(StorageOptionError, match="KEY=VALUE"):
         storage_options("s3://b/p", ["no-equals-sign"])
@@ -1009,6 +1017,16 @@ def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, l
     rows = stream_once(checkpoint)
     assert len(rows) == len(set(rows)) == 400
     assert set(rows) == produced(first)
+
+    # Delta's own connector reads the same table through s3a, s3:// and s3a:// alike, with the
+    # options the platform uses for it (set on the session for that bucket only)
+    from streamlake.spark.session import reach_store
+
+    reach_store(spark, table, s3)
+    for uri in (table, table.replace("s3://", "s3a://", 1)):
+        read = spark.read.format("delta").load(uri).select("partition", "offset", "value").collect()
+        assert {(r["partition"], r["offset"], bytes(r["value"])) for r in read} == produced(first), uri
+    assert spark.sql(f"SELECT count(*) FROM delta.`{table}`").first()[0] == 400
 
     second = live_producer(topic_name, partitions=2, rate=200, count=300, seed=42)
     second.wait_delivered(300)

@@ -31,6 +31,7 @@ from typing import Iterable
 from streamlake.delta.table import table_exists
 from streamlake.errors import StreamLakeError
 from streamlake.operations.jobs import JobSpec, list_jobs, load_job
+from streamlake.spark.session import reach_store
 from streamlake.storage.location import is_object_store
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,21 @@ def _quoted(name: str) -> str:
 def register_tables(spark, jobs: Iterable[JobSpec] | None = None) -> list[str]:
     """Give every existing table of ``jobs`` (default: all) and of the platform its SQL name in
     ``spark``'s catalog, unless it has one. Tables not created yet are left for a later call.
-    Returns the names the catalog holds for them. Tables on an object store are not named yet
-    (Spark reads them through s3a with the platform's credentials; not wired here)."""
+    Returns the names the catalog holds for them. Tables on S3 are read through s3a with the
+    options the platform uses for their root (:func:`streamlake.spark.session.reach_store`)."""
     from pyspark.errors import PySparkException
 
     registered = []
     schemas: set[str] = set()
     for name, path in sorted(sql_names(jobs).items()):
-        if is_object_store(path) or not table_exists(path):
+        try:
+            if not table_exists(path):
+                continue
+        except Exception as exc:  # noqa: BLE001 - a store this process cannot reach: no name for now
+            log.warning("%s (%s) gets no SQL name: %s", name, path, " ".join(str(exc).split())[:300])
             continue
+        if is_object_store(path):
+            reach_store(spark, path)
         schema = name.split(".", 1)[0]
         location = str(path).replace("\\", "\\\\").replace("'", "\\'")
         try:

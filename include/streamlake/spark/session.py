@@ -46,6 +46,9 @@ DELTA_SQL: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.snapshotPartitions": "4",
+    # s3:// paths (the platform's spelling, delta-rs's) through Hadoop's s3a, as s3a:// ones
+    "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
 }
 SPARK_DEFAULTS.update(DELTA_SQL)
 
@@ -291,3 +294,16 @@ def quiet_local_session(app_name: str, master: str = "local[1]"):
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)
+
+
+def reach_store(spark, uri: str, options: Mapping[str, str] | None = None) -> None:
+    """Let ``spark`` (classic or Connect) read and write ``uri`` through Delta's connector and
+    s3a with the options the platform uses for it (its environment's, those remembered for its
+    root, then ``options``: :func:`streamlake.storage.location.storage_options`), set on the
+    session for that bucket only. Nothing for a local path or a store that is not S3."""
+    from streamlake.storage.location import is_object_store, storage_options
+
+    if not is_object_store(uri):
+        return
+    for key, value in storage_options(uri, dict(options or {})).for_hadoop().items():
+        spark.conf.set(key, value)

@@ -169,6 +169,35 @@ class StorageOptions(Mapping[str, str]):
         """``storage_options`` for delta-rs (None on the local filesystem)."""
         return dict(self.values) if self.values else None
 
+    def for_hadoop(self) -> dict[str, str]:
+        """The same options as Hadoop's s3a settings for this URI's bucket
+        (``fs.s3a.bucket.<bucket>.*``: endpoint, path-style access and TLS for an endpoint,
+        region, and the keys when given; without keys s3a's default chain applies: the
+        environment, a profile, an instance role). Empty for a store that is not S3. They hold
+        secrets: set them on a session (``spark.conf.set``), never on a command line."""
+        if store_family(self.uri) != "aws":
+            return {}
+        prefix = f"fs.s3a.bucket.{urlsplit(self.uri).netloc}."
+        out: dict[str, str] = {}
+        endpoint = self.get_any("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "endpoint_url", "endpoint")
+        if endpoint:
+            ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+            out.update({"endpoint": f"{ep.scheme}://{ep.netloc}", "path.style.access": "true",
+                        "connection.ssl.enabled": str(ep.scheme == "https").lower()})
+        region = self.get_any("AWS_REGION", "region", "AWS_DEFAULT_REGION")
+        if region:
+            out["endpoint.region"] = region
+        key_id = self.get_any("AWS_ACCESS_KEY_ID", "access_key_id")
+        if key_id:
+            out.update({"access.key": key_id,
+                        "secret.key": self.get_any("AWS_SECRET_ACCESS_KEY", "secret_access_key") or ""})
+            token = self.get_any("AWS_SESSION_TOKEN", "session_token")
+            out["aws.credentials.provider"] = ("org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider" if token
+                                               else "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider")
+            if token:
+                out["session.token"] = token
+        return {prefix + k: v for k, v in out.items()}
+
 
 # Options of object-store roots this process was told about (remember_options), by root.
 _REMEMBERED: dict[str, dict[str, str]] = {}
