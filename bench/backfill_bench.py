@@ -130,8 +130,7 @@ def build(root: Path, rows: int, rows_per_hour: int, late_per_hour: int, seed: i
 
     from streamlake.delta.table import ensure_table
     from streamlake.pipeline.gold import WATERMARK_APP_ID, ensure_gold
-    from streamlake.pipeline.schemas import WINDOW_TYPE, gold_spec, late_spec, silver_spec
-    from streamlake.pipeline.types import TS
+    from streamlake.pipeline.schemas import TS, WINDOW_TYPE, gold_spec, late_spec, silver_spec
 
     d, agg = sensors()
     started = time.perf_counter()
