@@ -3,7 +3,11 @@
 1. Start a private local Kafka broker. For each size, produce the records to a topic
    of its own in bulk and build the matching bronze table without Spark: bronze
    Parquet files and Delta commits carrying the offsets as ``txn`` actions and the
-   ``streamlake.operation = ingest`` commit info, as the sink writes them.
+   ``streamlake.operation = ingest`` commit info, as the sink writes them. Each
+   table is the ``bronze`` table of a root of its own (``<root>/bronze``, the layout
+   of a job), and the checks are of a bronze-only job of that root and topic
+   (:func:`streamlake.operations.jobs.job_for_root`: a real ``JobSpec``, not saved),
+   as ``streamlake check --root`` checks one.
 2. Full audit (``check --full``, which also records the proof) of each table, in a
    subprocess of its own: time and peak RSS.
 3. Three rounds of: 10,000 new records produced and committed to each table, then
@@ -11,7 +15,7 @@
 
 Targets (issue 10): incremental on 4M < 5 % of the full audit of 4M, and within
 1.5x of the incremental on 1M. Writes bench/results/checks.md, checks.json and
-checks.png and prints each target with whether it is met.
+checks.png (``--results DIR``: there instead) and prints each target with whether it is met.
 """
 
 from __future__ import annotations
@@ -50,6 +54,24 @@ def records(partition: int, start: int, end: int) -> tuple[list[bytes], list[byt
     return keys, values, [BASE_TS_MS + i for i in range(start, end)]
 
 
+def keep_records(conf: dict, topic: str) -> None:
+    """Create ``topic`` (unless it exists) with ``retention.ms=-1``: its records carry timestamps
+    from BASE_TS_MS on, weeks old by now, and under Kafka's default retention (7 days; the local
+    broker checks every few seconds) the broker would delete them while the bench runs, leaving
+    the table's offsets unverifiable."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from streamlake.kafka.client import librdkafka_config
+
+    admin = AdminClient(librdkafka_config(conf))
+    future = admin.create_topics([NewTopic(topic, PARTITIONS, config={"retention.ms": "-1"})])[topic]
+    try:
+        future.result(60)
+    except KafkaException as exc:
+        if exc.args[0].code() != exc.args[0].TOPIC_ALREADY_EXISTS:
+            raise
+
+
 def produce(topic: str, ranges: dict[int, tuple[int, int]]) -> float:
     """Produce the records of ``ranges`` (partition -> [start, end)) in bulk; seconds."""
     from confluent_kafka import Producer
@@ -57,6 +79,7 @@ def produce(topic: str, ranges: dict[int, tuple[int, int]]) -> float:
     from streamlake.kafka.producer import ensure_topic
 
     conf = client_config()
+    keep_records(conf, topic)
     ensure_topic(conf, topic, PARTITIONS)
     producer = Producer({**conf, "linger.ms": "50", "batch.size": str(1 << 20), "batch.num.messages": "100000",
                          "queue.buffering.max.messages": "2000000", "queue.buffering.max.kbytes": "1048576",
@@ -92,7 +115,7 @@ def commit(table_path: str, topic: str, ranges: dict[int, tuple[int, int]], batc
     import pyarrow.parquet as pq
     from deltalake.transaction import AddAction, CommitProperties
     from streamlake.delta.table import ensure_table
-    from streamlake.delta.txn import committed_offsets, offset_transactions
+    from streamlake.delta.txn import commit_info, committed_offsets, offset_transactions
     from streamlake.kafka.offsets import TopicPartition, offsets_to_json
     from streamlake.pipeline.bronze import BRONZE
 
@@ -130,10 +153,10 @@ def commit(table_path: str, topic: str, ranges: dict[int, tuple[int, int]], batc
     firsts = {tps[p]: start for p, (start, _e) in ranges.items() if tps[p] not in known}
     properties = CommitProperties(
         app_transactions=offset_transactions(nexts, firsts, query_id, batch_id),
-        custom_metadata={"streamlake": {
+        custom_metadata=commit_info({
             "operation": "ingest", "queryId": query_id, "batchId": batch_id, "attempt": attempt,
             "startOffsets": offsets_to_json({tps[p]: s for p, (s, _e) in ranges.items()}),
-            "endOffsets": offsets_to_json(nexts), "records": sum(e - s for s, e in ranges.values())}})
+            "endOffsets": offsets_to_json(nexts), "records": sum(e - s for s, e in ranges.values())}))
     table.create_write_transaction(actions, "append", BRONZE.schema, partition_by=["ingest_date"],
                                    commit_properties=properties)
     return ensure_table(table_path, BRONZE).version()
@@ -172,9 +195,9 @@ def add_records(topic: str, table: str, state: dict, count: int) -> None:
     state["next"] = {p: end for p, (_s, end) in ranges.items()}
 
 
-def measure(kind: str, name: str, topic: str, table: str) -> dict:
+def measure(kind: str, name: str, topic: str, root: str) -> dict:
     """Run one check in a fresh interpreter: its time and the process's peak memory."""
-    cmd = [sys.executable, __file__, "--measure", kind, "--job", name, "--topic", topic, "--table", table]
+    cmd = [sys.executable, __file__, "--measure", kind, "--job", name, "--topic", topic, "--root", root]
     done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
     if done.returncode != 0:
         raise SystemExit(f"measurement {kind} {name} failed:\n{done.stderr[-3000:]}")
@@ -194,14 +217,27 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure_here(kind: str, name: str, topic: str, table: str) -> dict:
-    """(In the subprocess.) One check, timed; peak RSS of this process."""
-    from types import SimpleNamespace
+def job_of(name: str, topic: str, root: str):
+    """The bronze-only job of ``root`` (its table ``<root>/bronze``) ingesting ``topic``, as
+    ``streamlake check --root`` finds or makes it: a JobSpec, not saved."""
+    from streamlake.operations.jobs import job_for_root
 
+    job = job_for_root(root, name=name, topics=[topic])
+    assert job.source_topics == [topic] and job.table == table_of(root), (job, topic, root)
+    return job
+
+
+def table_of(root: str) -> str:
+    """A job root's bronze table (what the checks audit)."""
+    return os.path.join(root, "bronze")
+
+
+def measure_here(kind: str, name: str, topic: str, root: str) -> dict:
+    """(In the subprocess.) One check, timed; peak RSS of this process."""
     import psutil
     from streamlake.operations.consistency import check_consistency
 
-    job = SimpleNamespace(name=name, topics=[topic], table=table, kafka={})  # what a check uses of a job
+    job = job_of(name, topic, root)
     me = psutil.Process()
     baseline = me.memory_info().rss
     samples: list[tuple[float, int]] = []
@@ -342,16 +378,19 @@ def main() -> int:
     parser.add_argument("--measure", choices=["full", "incremental"], help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
-    parser.add_argument("--table", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where checks.md, .json and .png go (default bench/results)")
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure_here(args.measure, args.job, args.topic, args.table)))
+        print(json.dumps(measure_here(args.measure, args.job, args.topic, args.root)))
         return 0
 
     sizes = [int(s) for s in args.sizes.split(",")]
+    results = args.results
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    RESULTS.mkdir(exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
     os.environ["STREAMLAKE_HOME"] = str(WORK / "home")
     os.environ.pop("STREAMLAKE_KAFKA_BOOTSTRAP", None)
     from streamlake.operations.audit import CHUNK_OFFSETS, PREFETCH_KB
@@ -363,16 +402,17 @@ def main() -> int:
     try:
         for n in sizes:
             label = f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
-            topic, table = f"checks-{label.lower()}", str(WORK / f"bronze-{label.lower()}")
+            topic, root = f"checks-{label.lower()}", str(WORK / f"job-{label.lower()}")
+            table = table_of(root)
             print(f"building {label}: producing {n:,} records and the matching table", file=sys.stderr, flush=True)
             built = build(topic, table, n)
-            entries.append({"label": label, "records": n, "topic": topic, "table": table, "build": built,
-                            "job": f"bench_{label.lower()}"})
+            entries.append({"label": label, "records": n, "topic": topic, "root": root, "table": table,
+                            "build": built, "job": f"bench_{label.lower()}"})
         for e in entries:
             runs = []
             for i in range(FULL_RUNS):
                 print(f"full audit of {e['label']} ({i + 1}/{FULL_RUNS})", file=sys.stderr, flush=True)
-                runs.append(measure("full", e["job"], e["topic"], e["table"]))
+                runs.append(measure("full", e["job"], e["topic"], e["root"]))
                 print(f"  {runs[-1]['seconds']:.1f} s, peak {runs[-1]['peak_rss_mb']:.0f} MB", file=sys.stderr)
                 if not runs[-1]["passed"]:
                     raise SystemExit(f"the generated table is not exactly once:\n{runs[-1]['summary']}")
@@ -386,7 +426,7 @@ def main() -> int:
         for r in range(ROUNDS):
             for e in entries:
                 add_records(e["topic"], e["table"], e["build"], NEW_RECORDS)
-                m = measure("incremental", e["job"], e["topic"], e["table"])
+                m = measure("incremental", e["job"], e["topic"], e["root"])
                 if not m["passed"] or m["mode"] != "incremental":
                     raise SystemExit(f"incremental check failed or was not incremental:\n{m['summary']}")
                 print(f"incremental check of {e['label']} (round {r + 1}): {m['seconds']:.3f} s, "
@@ -421,9 +461,9 @@ def main() -> int:
     result = {"machine": machine(),
               "date": time.strftime("%Y-%m-%d"), "chunk_offsets": CHUNK_OFFSETS, "prefetch_kb": PREFETCH_KB,
               "new_records": NEW_RECORDS, "memory_growth": growth, "sizes": entries, "targets": targets}
-    (RESULTS / "checks.json").write_text(json.dumps(result, indent=2))
-    (RESULTS / "checks.md").write_text(markdown(result))
-    plot(result, RESULTS / "checks.png")
+    (results / "checks.json").write_text(json.dumps(result, indent=2))
+    (results / "checks.md").write_text(markdown(result))
+    plot(result, results / "checks.png")
     print(markdown(result))
     for e in entries:
         print(f"{e['label']}: full audit {e['full']['seconds']:.1f} s (peak {e['full']['peak_rss_mb']:.0f} MB), "
@@ -434,7 +474,7 @@ def main() -> int:
               + ", ".join(f"{v:.0f}" for v in rss_quarters(e["full"])))
     for t in targets:
         print(f"target {t['name']} {t['target']}: {t['value']} -> {'met' if t['met'] else 'NOT MET'}")
-    print(f"results in {RESULTS}/checks.md", flush=True)
+    print(f"results in {results}/checks.md", flush=True)
     return 0
 
 
