@@ -134,7 +134,8 @@ class SteadyProducer:
 
     ``make(seq, now)`` returns (key, value, partition) for record ``seq`` produced at
     wall-clock ``now`` (seconds); the record's Kafka timestamp is librdkafka's
-    CreateTime, set when ``produce()`` is called. Delivered records are counted;
+    CreateTime, set when ``produce()`` is called, unless ``make`` returns a fourth
+    item, the timestamp (epoch ms) to stamp it with. Delivered records are counted;
     with ``keep``, ``acked`` maps (partition, offset) to when the broker's
     acknowledgement arrived (the record is in the log from then on).
     """
@@ -197,11 +198,12 @@ class SteadyProducer:
                     continue
                 self.behind_s = max(self.behind_s, -ahead)
                 now = time.time()
-                key, value, partition = self.make(self.sent, now)
+                key, value, partition, *stamp = self.make(self.sent, now)
+                extra = {"timestamp": stamp[0]} if stamp else {}
                 while True:
                     try:
                         producer.produce(self.topic, value=value, key=key, partition=partition,
-                                         on_delivery=self._on_delivery)
+                                         on_delivery=self._on_delivery, **extra)
                         break
                     except BufferError:
                         producer.poll(0.01)
