@@ -64,3 +64,12 @@ def test_delta_rs_reads_and_appends_to_a_table_delta_spark_created(spark, tmp_pa
     read = spark.sql(f"SELECT * FROM delta.`{path}`")
     assert _as_tuples(read.toArrow().to_pylist()) == _as_tuples(_rows(0, 20))
     assert spark.sql(f"SELECT count(*) FROM delta.`{path}` VERSION AS OF 0").first()[0] == 15
+
+
+def test_streamlake_sql_prints_an_aligned_table_with_nulls_named():
+    from streamlake.cli.sql import format_table
+
+    text = format_table([{"pipeline": "sensors", "rows": 12345}, {"pipeline": "orders", "rows": None}],
+                        ["pipeline", "rows"])
+    assert text.splitlines() == ["+----------+-------+", "| pipeline | rows  |", "+----------+-------+",
+                                 "| sensors  | 12345 |", "| orders   | NULL  |", "+----------+-------+", "(2 rows)"]

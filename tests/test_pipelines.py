@@ -210,6 +210,11 @@ def test_the_proof_and_data_quality_pass(spark, pipeline_run):
     assert all(q["status"] in ("PASS", "WARN") for q in summary["quality"]), summary["quality"]
 
 
+def _rows(df) -> list:
+    """The frame's rows, sorted (the tables here are small: one Spark job, compared in Python)."""
+    return sorted((tuple(r.values()) for r in df.toArrow().to_pylist()), key=repr)
+
+
 def _delta_history(spark, path: str) -> list:
     return spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
 
@@ -227,10 +232,10 @@ def test_delta_spark_reads_every_table_as_the_platform_does(spark, pipeline_run)
     run = pipeline_run
     for name, path in run.tables().items():
         ours = read_table(spark, path, table_spec(run.definition, name))
-        theirs = spark.read.format("delta").load(path).select(*ours.columns)
-        assert ours.count() == theirs.count() > 0 or name.startswith("late_events"), name
-        assert theirs.exceptAll(ours).count() == 0 and ours.exceptAll(theirs).count() == 0, name
-        assert spark.sql(f"SELECT count(*) FROM delta.`{path}`").first()[0] == ours.count(), name
+        theirs = spark.sql(f"SELECT * FROM delta.`{path}`") if name == "bronze" else \
+            spark.read.format("delta").load(path)
+        assert _rows(theirs.select(*ours.columns)) == _rows(ours), name
+        assert _rows(ours) or name.startswith("late_events"), name
 
     # Bronze's history: every append names the offsets it covers; the newest per partition is
     # the end the test's producer was acknowledged (its last offset + 1).
@@ -276,7 +281,8 @@ def test_delta_spark_reads_every_table_as_the_platform_does(spark, pipeline_run)
     assert len(seen) == len(set(seen)), "a row twice from delta-spark's streaming source"
     assert set(seen) == now - before and seen
 
-    run.savepoint = create_savepoint(run.job, note="before the backfill (test_pipelines)")
+    if run.name == "sensors":  # for the time-travel test, which one pipeline suffices for
+        run.savepoint = create_savepoint(run.job, note="before the backfill (test_pipelines)")
 
 
 def test_backfill_then_every_gold_table_equals_the_tests_own_aggregate(spark, pipeline_run):
@@ -304,6 +310,8 @@ def test_delta_spark_time_travels_to_a_savepoints_versions(spark, pipeline_run):
     from streamlake.pipeline.schemas import table_spec
 
     run = pipeline_run
+    if run.name != "sensors":
+        pytest.skip("one pipeline suffices: time travel does not depend on the definition's shape")
     savepoint = getattr(run, "savepoint", None)
     if savepoint is None:
         pytest.skip("needs the savepoint of test_delta_spark_reads_every_table_as_the_platform_does")
@@ -311,15 +319,14 @@ def test_delta_spark_time_travels_to_a_savepoints_versions(spark, pipeline_run):
         spec = table_spec(run.definition, state.name)
         ours = read_table(spark, state.path, spec, version=state.version)
         theirs = spark.sql(f"SELECT * FROM delta.`{state.path}` VERSION AS OF {state.version}").select(*ours.columns)
-        assert theirs.exceptAll(ours).count() == 0 and ours.exceptAll(theirs).count() == 0, state.path
+        assert _rows(theirs) == _rows(ours), state.path
     for agg in run.definition.aggregates:
         path = run.cfg.table(agg.gold_table)
         then = next(s.version for s in savepoint.tables if s.path == path)
         spec = gold_spec(run.definition, agg)
         current = read_table(spark, path, spec)
         old = spark.sql(f"SELECT * FROM delta.`{path}` VERSION AS OF {then}").select(*current.columns)
-        assert old.exceptAll(current).count() + current.exceptAll(old).count() > 0, \
-            "the backfill changed gold since the savepoint"
+        assert _rows(old) != _rows(current), "the backfill changed gold since the savepoint"
         backfills = [json.loads(h.userMetadata) for h in _delta_history(spark, path)
                      if h.version > then and h.userMetadata]
         assert any(f["operation"] == "backfill" and f["aggregate"] == agg.name for f in backfills), backfills
@@ -341,6 +348,8 @@ def test_streamlake_sql_names_every_table(spark, pipeline_run):
     ``<job>.<table>`` and the platform's as ``streamlake.<table>``; counts equal what the test
     produced; an unknown table and a syntax error are one line each, exit 2."""
     run = pipeline_run
+    if run.name != "sensors":
+        pytest.skip("one pipeline suffices: the names do not depend on the definition's shape")
     job = re.sub(r"[^A-Za-z0-9_]", "_", run.job.name)  # Spark's catalog takes letters, digits and _
     agg = run.definition.aggregates[0]
     query = (f"SELECT (SELECT count(*) FROM `{job}`.bronze) AS bronze, "
@@ -359,9 +368,6 @@ def test_streamlake_sql_names_every_table(spark, pipeline_run):
     # every window once the backfill applied the late events (test_backfill_then_... ran first)
     assert row["windows"] == windows if row["pending"] == 0 else 0 < row["windows"] <= windows
     assert row["checks"] >= 1
-
-    table = _sql(f"SELECT count(*) AS n FROM `{job}`.bronze")
-    assert table.returncode == 0 and f"| {len(run.records)}" in table.stdout and "(1 row)" in table.stdout, table
 
     unknown = _sql(f"SELECT * FROM `{job}`.no_such_table")
     assert unknown.returncode == 2 and unknown.stdout == ""
@@ -403,6 +409,8 @@ def test_a_users_optimize_through_delta_spark_keeps_every_position_and_proof(spa
     from streamlake.operations.verify import verify_job
 
     run = pipeline_run
+    if run.name != "orders":
+        pytest.skip("one pipeline suffices: OPTIMIZE does not depend on the definition's shape")
     from dataclasses import replace
 
     tables = ["bronze", "silver", run.definition.aggregates[0].gold_table]

@@ -131,22 +131,28 @@ def register_tables(spark, jobs: Iterable[JobSpec] | None = None) -> list[str]:
 
 
 def run_query(spark, query: str):
-    """``spark.sql(query)`` on a catalog that holds every table's name: a pyarrow Table.
+    """``spark.sql(query)`` on a catalog that holds every table's name: a pyarrow Table. The
+    query runs at once; only when it names a table the catalog lacks are the names
+    registered (:func:`register_tables`) and the query run again.
 
-    Raises UnknownTableError (listing the names that exist) for a table it does not know,
-    and StreamLakeError with Spark's SQL error, on one line, for any other refusal."""
+    Raises UnknownTableError (listing the names that exist) for a table no job has, and
+    StreamLakeError with Spark's SQL error, on one line, for any other refusal."""
     from pyspark.errors import PySparkException
 
-    names = register_tables(spark)
-    try:
-        return spark.sql(query).toArrow()
-    except PySparkException as exc:
-        condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
-        message = " ".join(str(exc).split())
-        if condition and condition.startswith("TABLE_OR_VIEW_NOT_FOUND"):
-            first = message.split(". ")[0].rstrip(".")  # Spark's sentence naming the table, not its advice
-            raise UnknownTableError(f"{first}; the tables: {', '.join(names) or 'none'}") from None
-        raise StreamLakeError(message) from None
+    names = None
+    for attempt in range(2):
+        try:
+            return spark.sql(query).toArrow()
+        except PySparkException as exc:
+            condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
+            message = " ".join(str(exc).split())
+            if not (condition or "").startswith("TABLE_OR_VIEW_NOT_FOUND"):
+                raise StreamLakeError(message) from None
+            if attempt == 1:
+                first = message.split(". ")[0].rstrip(".")  # Spark's sentence naming the table, not its advice
+                raise UnknownTableError(f"{first}; the tables: {', '.join(names) or 'none'}") from None
+        names = register_tables(spark)
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> int:
