@@ -375,6 +375,7 @@ def test_streamlake_sql_names_every_table(spark, pipeline_run):
     assert "TABLE_OR_VIEW_NOT_FOUND" in line and f"{job}.bronze" in line and "streamlake.operations" in line, line
     bad = _sql("SELEC 1")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "PARSE_SYNTAX_ERROR" in bad.stderr
+    assert "stacktrace" not in bad.stderr and " at org.apache" not in bad.stderr, bad.stderr
 
 
 def test_a_restarted_pipeline_with_lost_checkpoints_writes_nothing_twice(spark, pipeline_run):

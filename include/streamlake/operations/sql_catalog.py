@@ -145,10 +145,10 @@ def run_query(spark, query: str):
             return spark.sql(query).toArrow()
         except PySparkException as exc:
             condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
-            message = " ".join(str(exc).split())
-            if not (condition or "").startswith("TABLE_OR_VIEW_NOT_FOUND"):
+            message = " ".join(str(exc).split("JVM stacktrace:")[0].split())  # Spark's error, not its trace
+            if not (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")):
                 raise StreamLakeError(message) from None
-            if attempt == 1:
+            if attempt == 1:  # a table, or a pipeline (schema), no job has
                 first = message.split(". ")[0].rstrip(".")  # Spark's sentence naming the table, not its advice
                 raise UnknownTableError(f"{first}; the tables: {', '.join(names) or 'none'}") from None
         names = register_tables(spark)
