@@ -52,8 +52,6 @@ DELTA_SQL: dict[str, str] = {
 }
 SPARK_DEFAULTS.update(DELTA_SQL)
 
-
-
 # A JVM that lives for one short run (an available-now pipeline run, a check, a backfill; the
 # test session) stops JIT compilation at C1: C2's compilations cost more CPU than they save
 # before it exits. Measured here: an available-now pipeline run of 1,300 records, 50-54 -> 32-35
@@ -125,8 +123,8 @@ def python_executable() -> str:
 
 def spark_class_path(environ: Mapping[str, str] | None = None) -> str:
     """SPARK_DIST_CLASSPATH for a Spark JVM of the platform: the "spark" jar set (Delta's
-    connector, Spark's Kafka source, Hadoop's s3a: jars/spark.pom.xml), then what ``environ`` already had there. Spark's
-    launcher puts it after pyspark's jars for every JVM it starts (spark-submit, a local
+    connector, Spark's Kafka source, Hadoop's s3a: jars/spark.pom.xml), then what ``environ``
+    already had there. Spark's launcher puts it after pyspark's jars for every JVM it starts (spark-submit, a local
     session's gateway, the standalone master, workers and the executors they launch), so the
     class archive, built with the same path, stays valid. Raises
     :class:`streamlake.jars.JarsNotInstalled` when the set is missing (``make setup``)."""
