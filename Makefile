@@ -64,6 +64,7 @@ bench: setup
 	$(BIN)/python bench/object_store_bench.py
 	$(BIN)/python bench/s3_proof_bench.py
 	$(BIN)/python bench/spark_python_bench.py
+	$(BIN)/python bench/peer_bench.py
 	$(BIN)/python bench/summary.py
 
 # Re-resolve the full lock after changing requirements.txt.
