@@ -174,16 +174,18 @@ def _await_connect_server(server: dict) -> None:
 
 
 def _name_tables(url: str) -> None:
-    """Give every existing table its SQL name on the Connect server (a client process of its own:
-    this one starts no Spark session); the proofs after each run name new tables."""
+    """Give every existing table its SQL name on the Connect server, in a client process of its
+    own started in the background (this one starts no Spark session, and the platform's start
+    does not wait for it; its output goes to the log); the proofs after each run name new tables."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "streamlake.operations.sql_catalog", "--remote", url],
-                          capture_output=True, text=True, timeout=120)
-    said = (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
+    log_path = config.log_dir() / "sql-names.log"
+    with open(log_path, "ab") as out:
+        subprocess.Popen([sys.executable, "-m", "streamlake.operations.sql_catalog", "--remote", url],
+                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     print(f"SQL:               <pipeline>.<table> and streamlake.<table> on {url} "
-          f"(`streamlake sql \"SHOW TABLES IN sensors\"`; {said[-1] if said else 'no output'})")
+          f"(`streamlake sql \"SHOW TABLES IN sensors\"`; naming the existing tables: {log_path})")
 
 
 def start_local_lake(port: int) -> None:

@@ -107,7 +107,18 @@ def register_tables(spark, jobs: Iterable[JobSpec] | None = None) -> list[str]:
 
     registered = []
     schemas: set[str] = set()
+    named: dict[str, set[str]] = {}  # schema -> the tables the catalog holds (one query per schema)
     for name, path in sorted(sql_names(jobs).items()):
+        schema, table = name.split(".", 1)
+        if schema not in named:
+            try:
+                named[schema] = {r[1].lower() for r in spark.sql(f"SHOW TABLES IN {_quoted(schema)}").collect()}
+                schemas.add(schema)
+            except PySparkException:  # no such schema yet
+                named[schema] = set()
+        if table.lower() in named[schema]:
+            registered.append(name)
+            continue
         try:
             if not table_exists(path):
                 continue
@@ -116,7 +127,6 @@ def register_tables(spark, jobs: Iterable[JobSpec] | None = None) -> list[str]:
             continue
         if is_object_store(path):
             reach_store(spark, path)
-        schema = name.split(".", 1)[0]
         location = str(path).replace("\\", "\\\\").replace("'", "\\'")
         try:
             if schema not in schemas:
