@@ -1,7 +1,8 @@
 """`make bench` (last): every figure against its target, from bench/results/*.json.
 
 Prints the throughput ratios (ingest_bench), the latency percentiles
-(latency_bench) and the backfill cost ratio (backfill_bench), each with its
+(latency_bench), the backfill cost ratio (backfill_bench) and the peer stack's ratios
+(peer_bench), each with its
 target and whether it is met, and the machine's load when it was measured. A
 missing result file is reported as missing, not as met.
 """
@@ -19,7 +20,7 @@ from common import RESULTS  # noqa: E402
 def main() -> int:
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     print("\n== figures against their targets ==")
-    for name in ("ingest", "latency", "backfill", "operations", "object_store", "s3_proof", "spark_python"):
+    for name in ("ingest", "latency", "backfill", "operations", "object_store", "s3_proof", "spark_python", "peer"):
         path = results / f"{name}.json"
         if not path.exists():
             print(f"{name}: no results ({path} missing: run bench/{name}_bench.py)")
@@ -28,8 +29,7 @@ def main() -> int:
         for line in data.get("summary", []):
             print(line)
     print(f"details: {results}/ingest.md, latency.md, backfill.md, operations.md, object_store.md, s3_proof.md, "
-          f"spark_python.md (each figure with the machine's "
-          f"load)")
+          f"spark_python.md, peer.md (each figure with the machine's load)")
     return 0
 
 
