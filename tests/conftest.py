@@ -344,18 +344,28 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
 # a core each while they run), run one after the other in one worker, first; every other file
 # is a unit of its own (its module fixtures set up once), spread over both.
 PLATFORM_FILES = ("test_airflow_e2e.py", "test_live_platform.py")
+# `make test-scenarios`: its two S3 scenarios (about 520 and 360 s) would run in one worker
+# as one file; the whole pipeline on S3 runs after the Airflow scenarios instead (about 480 s),
+# so that each worker has some 830 s of the run's 1,680 (it took 1,040 s on one and 640 s on
+# the other on 2026-12-06).
+WITH_THE_PLATFORM_FILES = ("test_object_storage.py::test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_",)
+
+
+def _with_the_platform(nodeid: str) -> bool:
+    return Path(nodeid.split("::", 1)[0]).name in PLATFORM_FILES or any(
+        nodeid.split("/")[-1].startswith(test) for test in WITH_THE_PLATFORM_FILES)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduling by scope, one scope per file, except the platform files: one scope.
+    """xdist's scheduling by scope, one scope per file, except the platform files and the tests
+    run with them (WITH_THE_PLATFORM_FILES): one scope.
     (xdist 3.8's ``loadgroup`` did not group here under pytest 9.2: one group's tests ran on
     both workers.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class PlatformFilesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "platform" if Path(path).name in PLATFORM_FILES else path
+            return "platform" if _with_the_platform(nodeid) else nodeid.split("::", 1)[0]
 
     return PlatformFilesTogether(config, log)
 
@@ -375,6 +385,8 @@ def _run_order(item) -> tuple:
     name = item.path.name
     if name in PLATFORM_FILES:
         return (0, 0)
+    if _with_the_platform(item.nodeid):
+        return (0, 1)
     if name in LONGEST_FIRST:
         return (1, LONGEST_FIRST.index(name))
     return (2 + (name in FAST_FILES), 0)
