@@ -14,6 +14,7 @@ from decimal import Decimal
 from importlib.metadata import version
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from streamlake import jars
@@ -73,3 +74,37 @@ def test_streamlake_sql_prints_an_aligned_table_with_nulls_named():
                         ["pipeline", "rows"])
     assert text.splitlines() == ["+----------+-------+", "| pipeline | rows  |", "+----------+-------+",
                                  "| sensors  | 12345 |", "| orders   | NULL  |", "+----------+-------+", "(2 rows)"]
+
+
+def test_the_feature_list_is_the_pinned_connectors_own(spark):
+    """The features the platform allows are exactly those the connector on the class path knows."""
+    from streamlake.delta.features import SPARK_TABLE_FEATURES
+
+    features = getattr(spark._jvm.org.apache.spark.sql.delta, "TableFeature$").__getattr__("MODULE$") \
+        .allSupportedFeaturesMap().values().iterator()  # its keys are lower-cased
+    known = set()
+    while features.hasNext():
+        known.add(features.next().name())
+    assert SPARK_TABLE_FEATURES == known, (SPARK_TABLE_FEATURES ^ known)
+
+
+def test_a_table_feature_delta_spark_cannot_read_is_refused_before_the_table_exists(spark, tmp_path, monkeypatch):
+    """A table whose protocol the pinned connector lacks is refused at creation, with the feature
+    named and nothing written; a table with deletion vectors (delta-rs also adds variantType)
+    is created and delta-spark reads it."""
+    from streamlake.delta import features
+    from streamlake.delta.table import TableSpec, ensure_table
+    from streamlake.errors import UnreadableTableError
+
+    with_dvs = TableSpec("with_dvs", SCHEMA, configuration={"delta.enableDeletionVectors": "true"})
+    ensure_table(tmp_path / "with-dvs", with_dvs)
+    assert spark.read.format("delta").load(str(tmp_path / "with-dvs")).count() == 0
+    assert {"deletionVectors", "variantType"} <= set(DeltaTable(str(tmp_path / "with-dvs")).protocol().reader_features)
+
+    # A connector without timestampNtz (delta-spark 2.x had none): a local timestamp column is refused.
+    monkeypatch.setattr(features, "SPARK_TABLE_FEATURES", features.SPARK_TABLE_FEATURES - {"timestampNtz"})
+    local_time = TableSpec("local_time", pa.schema([("id", pa.int64()), ("at", pa.timestamp("us"))]))
+    with pytest.raises(UnreadableTableError, match="timestampNtz.*nothing was created"):
+        ensure_table(tmp_path / "local-time", local_time)
+    assert not (tmp_path / "local-time").exists()
+    assert features.features_spark_lacks(4, 8, ["deletionVectors"]) == ["reader version 4", "writer version 8"]

@@ -42,3 +42,8 @@ class UnsafeStoreError(StreamLakeError):
 
 class StorageOptionError(InvalidOptionError):
     """A storage option that is malformed or does not fit the lake's URI."""
+
+
+class UnreadableTableError(StreamLakeError):
+    """A table would have a protocol feature Delta's Spark connector (the pinned delta-spark)
+    cannot read: refused before the table is created."""

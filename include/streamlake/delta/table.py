@@ -21,6 +21,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from streamlake.delta.features import require_spark_readable
 from streamlake.errors import CommitConflictError
 from streamlake.spark.session import local_frame
 from streamlake.storage.location import is_object_store, normalize, storage_options
@@ -93,6 +94,7 @@ def ensure_table(path: str | os.PathLike, spec: TableSpec,
     path = str(path)
     options = delta_options(path, storage_options)
     if not table_exists(path, options):
+        require_spark_readable(f"table {spec.name} at {path}", spec.schema, spec.partition_by, spec.configuration)
         if "://" not in path:
             os.makedirs(path, exist_ok=True)
         try:

@@ -84,6 +84,7 @@ def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate,
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
+    from streamlake.delta.features import require_spark_readable
     from streamlake.delta.table import delta_options
     from streamlake.storage.location import is_object_store
 
@@ -94,6 +95,8 @@ def ensure_gold(path: str, definition: PipelineDefinition, aggregate: Aggregate,
         if table_exists(parent, options):
             raise InvalidOptionError(f"{parent} is a gold table of an older StreamLake (one gold table "
                                      "per pipeline); run this pipeline under a new root")
+        require_spark_readable(f"gold table {spec.name} at {path}", spec.schema, spec.partition_by,
+                               spec.configuration)
         if not is_object_store(path):
             os.makedirs(path, exist_ok=True)
         try:
