@@ -1,0 +1,529 @@
+"""The platform's metrics, computed on each scrape from durable state (a custom Collector).
+
+Per job (every job :func:`streamlake.operations.jobs.list_jobs` knows, label ``pipeline``):
+
+``streamlake_kafka_lag_records{topic,partition}``
+    Kafka's end offset (ListOffsets latest: the last stable offset under read_committed)
+    minus the next offset bronze committed (its ``txn``); a partition bronze never
+    committed counts from Kafka's log start.
+``streamlake_kafka_lag_seconds{topic,partition}``
+    the age of the oldest record not yet in bronze: now minus the timestamp of the record
+    at bronze's next offset (one fetch per partition that lags; 0 when none lags).
+``streamlake_table_rows_total{table}``, ``streamlake_table_version{table}``,
+``streamlake_last_commit_timestamp_seconds{table}``
+    from each table's Delta log: rows are the sum of the snapshot's ``add`` statistics
+    (``numRecords``; the Parquet footer for a file without them), so no data is read.
+``streamlake_stage_lag_versions{stage,aggregate}``, ``streamlake_stage_consumed_version{stage,aggregate}``
+    upstream versions a stage has not consumed: the upstream's version minus the last
+    version every table of the stage consumed completely (their ``txn`` positions; -1
+    before the first), which is the second metric.
+``streamlake_watermark_timestamp_seconds{aggregate}``, ``streamlake_late_events_pending{aggregate}``
+    gold's watermark (its ``txn``) and the late events no backfill applied yet.
+``streamlake_quarantine_records_total{reason}``
+    quarantine's rows by reason.
+``streamlake_check_success{check,table}``, ``streamlake_check_timestamp_seconds{check,table}``
+    the newest recorded consistency check of each kind and table (``kafka-audit`` of
+    bronze, ``pipeline-accounting`` of silver, ``gold`` of each gold table): 1 passed, 0 failed.
+``streamlake_quality_success_ratio{table,suite}``, ``streamlake_quality_critical_failures{table,suite}``,
+``streamlake_quality_timestamp_seconds{table,suite}``
+    the newest validation of each table and suite: passed expectations / expectations,
+    how many critical expectations failed, when.
+``streamlake_batch_duration_seconds{stage,aggregate}`` (histogram),
+``streamlake_batch_last_input_rows{stage,aggregate}``, ``streamlake_batch_input_rows_total{stage,aggregate}``
+    each micro-batch's duration (Spark's triggerExecution) and input rows, from the job's
+    ``progress.jsonl``: the last batch's rows, and all batches' rows (its rate is the
+    stage's throughput).
+
+And ``streamlake_scrape_errors{pipeline,part}`` (1: that part of the pipeline could not be
+read this scrape, the log says why; its series are then absent, never made up) and
+``streamlake_scrape_duration_seconds``.
+
+Cost: every scrape opens each table's newest log entries (delta-rs ``update_incremental``
+on a table kept open), one ListOffsets per job, and reads data only where the answer
+changed: row counts come from the log, quarantine reasons are counted in the files the
+commits since the previous scrape added (everything again only after a commit that
+removed rows), pending late events and check/quality results again only when their table
+has a new version, progress lines only past where the previous scrape stopped. A restart
+reads everything once. The caches never change an answer: each is keyed by the version (or
+file size) it was computed at.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from typing import Callable, Iterable, Iterator
+from urllib.parse import unquote
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+log = logging.getLogger(__name__)
+
+# Micro-batch durations (seconds): a live job's batches take about a second, a catch-up's a minute.
+BATCH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Kafka requests of one scrape give up after this long (the platform's default is 60 s).
+KAFKA_TIMEOUT_MS = 5_000
+
+LABELS = {
+    "streamlake_kafka_lag_records": ("pipeline", "topic", "partition"),
+    "streamlake_kafka_lag_seconds": ("pipeline", "topic", "partition"),
+    "streamlake_table_rows_total": ("pipeline", "table"),
+    "streamlake_table_version": ("pipeline", "table"),
+    "streamlake_last_commit_timestamp_seconds": ("pipeline", "table"),
+    "streamlake_stage_lag_versions": ("pipeline", "stage", "aggregate"),
+    "streamlake_stage_consumed_version": ("pipeline", "stage", "aggregate"),
+    "streamlake_watermark_timestamp_seconds": ("pipeline", "aggregate"),
+    "streamlake_late_events_pending": ("pipeline", "aggregate"),
+    "streamlake_quarantine_records_total": ("pipeline", "reason"),
+    "streamlake_check_success": ("pipeline", "check", "table"),
+    "streamlake_check_timestamp_seconds": ("pipeline", "check", "table"),
+    "streamlake_quality_success_ratio": ("pipeline", "table", "suite"),
+    "streamlake_quality_critical_failures": ("pipeline", "table", "suite"),
+    "streamlake_quality_timestamp_seconds": ("pipeline", "table", "suite"),
+    "streamlake_batch_last_input_rows": ("pipeline", "stage", "aggregate"),
+    "streamlake_scrape_errors": ("pipeline", "part"),
+}
+HELP = {
+    "streamlake_kafka_lag_records": "Kafka's end offset minus the next offset bronze committed",
+    "streamlake_kafka_lag_seconds": "age of the oldest Kafka record not yet in bronze",
+    "streamlake_table_rows_total": "rows of the table's latest snapshot (Delta log statistics)",
+    "streamlake_table_version": "the table's latest Delta version",
+    "streamlake_last_commit_timestamp_seconds": "time of the table's latest Delta commit",
+    "streamlake_stage_lag_versions": "upstream Delta versions the stage has not consumed yet",
+    "streamlake_stage_consumed_version": "the last upstream version every table of the stage consumed (-1: none)",
+    "streamlake_watermark_timestamp_seconds": "the aggregate's event-time watermark (gold's txn)",
+    "streamlake_late_events_pending": "late events of the aggregate no backfill applied yet",
+    "streamlake_quarantine_records_total": "quarantined records by reason",
+    "streamlake_check_success": "the newest consistency check of this kind passed (1) or failed (0)",
+    "streamlake_check_timestamp_seconds": "when the newest consistency check of this kind ran",
+    "streamlake_quality_success_ratio": "passed expectations / expectations of the newest validation",
+    "streamlake_quality_critical_failures": "critical expectations the newest validation failed",
+    "streamlake_quality_timestamp_seconds": "when the newest validation of the table and suite ran",
+    "streamlake_batch_last_input_rows": "input rows of the stage's last micro-batch",
+    "streamlake_scrape_errors": "1 if this part of the pipeline could not be read in this scrape",
+}
+
+
+def _stage_labels(stage: str) -> tuple[str, str]:
+    """("gold", "<aggregate>") for a gold stage ``gold/<aggregate>``, else (stage, "")."""
+    kind, _, aggregate = stage.partition("/")
+    return kind, aggregate
+
+
+def _data_path(root: str, path: str) -> str:
+    raw = unquote(path[len("file://"):]) if path.startswith("file://") else unquote(path)
+    if os.path.isabs(raw) or "://" in raw:
+        return raw
+    return f"{root.rstrip('/')}/{raw}"
+
+
+class _Progress:
+    """One job's progress.jsonl read incrementally: per stage, a histogram of batch
+    durations, the last batch's rows and all rows. Re-read from the start when the file
+    shrank or was replaced (a counter reset to Prometheus)."""
+
+    def __init__(self):
+        self.identity: tuple | None = None
+        self.offset = 0
+        self.stages: dict[str, dict] = {}
+
+    def update(self, path) -> dict[str, dict]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.identity, self.offset, self.stages = None, 0, {}
+            return self.stages
+        identity = (st.st_dev, st.st_ino)
+        if identity != self.identity or st.st_size < self.offset:
+            self.identity, self.offset, self.stages = identity, 0, {}
+        if st.st_size == self.offset:
+            return self.stages
+        with open(path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read(st.st_size - self.offset)
+        end = data.rfind(b"\n") + 1  # only whole lines; a line being written is read next time
+        self.offset += end
+        for raw in data[:end].splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            stage = self.stages.setdefault(line.get("stage") or "bronze", {
+                "buckets": [0] * (len(BATCH_BUCKETS) + 1), "count": 0, "sum": 0.0, "rows": 0, "last_rows": 0})
+            rows = int(line.get("numInputRows") or 0)
+            stage["rows"] += rows
+            stage["last_rows"] = rows
+            ms = line.get("durationMs")
+            if isinstance(ms, (int, float)):
+                seconds = ms / 1000.0
+                stage["count"] += 1
+                stage["sum"] += seconds
+                i = next((i for i, b in enumerate(BATCH_BUCKETS) if seconds <= b), len(BATCH_BUCKETS))
+                stage["buckets"][i] += 1
+        return self.stages
+
+
+class PlatformCollector:
+    """The prometheus-client Collector of the platform (see the module docstring).
+
+    ``jobs``: the job names to report (default: every job, :func:`list_jobs`, on each
+    scrape). ``now``: the clock for ages. One scrape at a time (a lock): its caches
+    are shared."""
+
+    def __init__(self, jobs: Callable[[], Iterable[str]] | None = None, now: Callable[[], float] = time.time,
+                 kafka_timeout_ms: int = KAFKA_TIMEOUT_MS):
+        self._jobs = jobs
+        self._now = now
+        self._kafka_timeout_ms = kafka_timeout_ms
+        self._lock = threading.Lock()
+        self._tables: dict[str, object] = {}  # path -> DeltaTable, kept open, updated each scrape
+        self._cache: dict[tuple, tuple[int, object]] = {}  # (what, path) -> (version, value)
+        self._progress: dict[str, _Progress] = {}
+        self.last_duration_s: float | None = None
+
+    def describe(self):
+        return []  # registering must not scrape
+
+    def collect(self) -> Iterator:
+        with self._lock:
+            started = time.monotonic()
+            families = self._families()
+            for name in self._job_names(families):
+                try:
+                    self._collect_job(name, families)
+                except Exception as exc:  # noqa: BLE001 - one job's failure never hides the others
+                    self._error(families, name, "job", exc)
+            self.last_duration_s = time.monotonic() - started
+            duration = GaugeMetricFamily("streamlake_scrape_duration_seconds",
+                                         "time this scrape took to compute every value")
+            duration.add_metric([], self.last_duration_s)
+            yield from families.values()
+            yield duration
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _families(self) -> dict:
+        out = {name: GaugeMetricFamily(name, HELP[name], labels=labels) for name, labels in LABELS.items()}
+        out["streamlake_batch_input_rows_total"] = CounterMetricFamily(
+            "streamlake_batch_input_rows", "input rows of every micro-batch of the stage (its rate: throughput)",
+            labels=("pipeline", "stage", "aggregate"))
+        out["streamlake_batch_duration_seconds"] = HistogramMetricFamily(
+            "streamlake_batch_duration_seconds", "duration of the stage's micro-batches (Spark's triggerExecution)",
+            labels=("pipeline", "stage", "aggregate"))
+        return out
+
+    def _job_names(self, families) -> list[str]:
+        try:
+            if self._jobs is not None:
+                return list(self._jobs())
+            from streamlake.operations.jobs import list_jobs
+
+            return list_jobs()
+        except Exception as exc:  # noqa: BLE001
+            self._error(families, "", "jobs", exc)
+            return []
+
+    def _error(self, families, pipeline: str, part: str, exc: BaseException) -> None:
+        log.warning("metrics: pipeline %s, %s: %s: %s", pipeline or "-", part, type(exc).__name__, exc)
+        families["streamlake_scrape_errors"].add_metric([pipeline, part], 1)
+
+    def _part(self, families, pipeline: str, part: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except FileNotFoundError:
+            pass  # a table not created yet: no series
+        except Exception as exc:  # noqa: BLE001 - reported as streamlake_scrape_errors
+            self._error(families, pipeline, part, exc)
+
+    def _table(self, path: str):
+        """The table at ``path``, at its newest version (kept open between scrapes).
+        Raises FileNotFoundError when there is none yet."""
+        from streamlake.delta.table import open_table
+
+        table = self._tables.get(path)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except Exception:  # noqa: BLE001 - replaced, restored from elsewhere...: open again
+                self._tables.pop(path, None)
+        table = open_table(path)
+        self._tables[path] = table
+        return table
+
+    def _cached(self, what: str, path: str, version: int, compute: Callable[[tuple[int, object] | None], object]):
+        """``compute(previous)`` unless the value at ``version`` is cached; ``previous``
+        is the cached (version, value) of an older version, or None."""
+        key = (what, path)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        value = compute(hit)
+        self._cache[key] = (version, value)
+        return value
+
+    # -- one job -----------------------------------------------------------------------------
+
+    def _collect_job(self, name: str, families) -> None:
+        from streamlake.operations.jobs import load_job
+
+        job = load_job(name)
+        try:
+            definition = job.definition
+        except Exception as exc:  # noqa: BLE001 - a definition that no longer loads: bronze and records only
+            self._error(families, name, "definition", exc)
+            definition = None
+        tables = job.tables() if definition is not None else {"bronze": job.table}
+        opened: dict[str, object] = {}
+        for table_name, path in tables.items():
+            def one(table_name=table_name, path=path):
+                opened[table_name] = table = self._table(path)
+                self._table_metrics(families, name, table_name, path, table)
+            self._part(families, name, f"table {table_name}", one)
+        self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze")))
+        if definition is not None:
+            self._part(families, name, "stages", lambda: self._stages(families, name, tables, opened))
+            for agg in definition.aggregates:
+                self._part(families, name, f"aggregate {agg.name}",
+                           lambda agg=agg: self._aggregate(families, name, definition, agg, tables, opened))
+            if "quarantine" in opened:
+                self._part(families, name, "quarantine",
+                           lambda: self._quarantine(families, name, tables["quarantine"], opened["quarantine"]))
+        self._part(families, name, "checks", lambda: self._checks(families, name))
+        self._part(families, name, "quality", lambda: self._quality(families, name))
+        self._part(families, name, "progress", lambda: self._batches(families, name, job))
+
+    def _table_metrics(self, families, pipeline: str, table_name: str, path: str, table) -> None:
+        version = table.version()
+        labels = [pipeline, table_name]
+        families["streamlake_table_version"].add_metric(labels, version)
+        committed = self._cached("commit-time", path, version, lambda _prev: table.history(1)[0].get("timestamp"))
+        if committed is not None:
+            families["streamlake_last_commit_timestamp_seconds"].add_metric(labels, committed / 1000.0)
+        families["streamlake_table_rows_total"].add_metric(
+            labels, self._cached("rows", path, version, lambda _prev: table_rows(table)))
+
+    def _kafka(self, families, job, bronze) -> None:
+        """Lag per partition of the job's topics: records and seconds."""
+        from streamlake.delta.txn import committed_offsets
+        from streamlake.kafka.client import API_TIMEOUT_PROPERTY, KafkaMetadataClient, client_config
+
+        topics = sorted(set(job.source_topics))
+        if not topics:
+            return
+        conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
+        conf[API_TIMEOUT_PROPERTY] = str(min(int(conf.get(API_TIMEOUT_PROPERTY, self._kafka_timeout_ms)),
+                                             self._kafka_timeout_ms))
+        with KafkaMetadataClient(conf) as kafka:
+            tps = kafka.partitions(topics=topics)
+            ends = kafka.latest(tps)
+            nexts = committed_offsets(bronze, tps) if bronze is not None else {}
+            missing = [tp for tp in tps if tp not in nexts]
+            nexts.update(kafka.earliest(missing) if missing else {})
+        now = self._now()
+        for tp in tps:
+            end, nxt = ends.get(tp), nexts.get(tp)
+            if end is None or nxt is None:
+                continue
+            labels = [job.name, tp.topic, str(tp.partition)]
+            lag = max(0, end - nxt)
+            families["streamlake_kafka_lag_records"].add_metric(labels, lag)
+            if lag == 0:
+                families["streamlake_kafka_lag_seconds"].add_metric(labels, 0.0)
+                continue
+            try:
+                ts = oldest_timestamp_s(conf, tp, nxt, end)
+            except Exception as exc:  # noqa: BLE001 - the records count stays; the age is absent
+                self._error(families, job.name, f"kafka age {tp}", exc)
+                continue
+            if ts is not None:
+                families["streamlake_kafka_lag_seconds"].add_metric(labels, max(0.0, now - ts))
+
+    def _stages(self, families, pipeline: str, tables: dict, opened: dict) -> None:
+        """Upstream versions each stage has not consumed: silver (silver and quarantine
+        from bronze), each gold (its gold and late_events tables from silver)."""
+        from streamlake.operations.pipeline_checks import consumed_version
+
+        groups: dict[str, list[str]] = collections.OrderedDict()
+        for table_name in tables:
+            if table_name in ("silver", "quarantine"):
+                groups.setdefault("silver", []).append(table_name)
+            elif table_name.startswith(("gold/", "late_events/")):
+                groups.setdefault("gold/" + table_name.split("/", 1)[1], []).append(table_name)
+        for stage, outputs in groups.items():
+            upstream = "bronze" if stage == "silver" else "silver"
+            if upstream not in opened or not all(t in opened for t in outputs):
+                continue
+            latest = opened[upstream].version()
+            consumed = [consumed_version(opened[t], upstream) for t in outputs]
+            through = -1 if any(c is None for c in consumed) else min(consumed)
+            labels = [pipeline, *_stage_labels(stage)]
+            families["streamlake_stage_lag_versions"].add_metric(labels, max(0, latest - through))
+            families["streamlake_stage_consumed_version"].add_metric(labels, through)
+
+    def _aggregate(self, families, pipeline: str, definition, agg, tables: dict, opened: dict) -> None:
+        from streamlake.pipeline.gold import watermark_ms
+        from streamlake.pipeline.late_events import pending_count
+
+        gold = opened.get(agg.gold_table)
+        if gold is not None:
+            wm = watermark_ms(gold)
+            if wm is not None:
+                families["streamlake_watermark_timestamp_seconds"].add_metric([pipeline, agg.name], wm / 1000.0)
+        late = opened.get(agg.late_table)
+        if late is not None:
+            path = tables[agg.late_table]
+            pending = self._cached("pending", path, late.version(),
+                                   lambda _prev: pending_count(definition, agg, path))
+            families["streamlake_late_events_pending"].add_metric([pipeline, agg.name], pending)
+
+    def _quarantine(self, families, pipeline: str, path: str, table) -> None:
+        counts = self._cached("reasons", path, table.version(),
+                              lambda prev: count_by_value(path, table, "reason", prev))
+        for reason, n in sorted(counts.items()):
+            families["streamlake_quarantine_records_total"].add_metric([pipeline, reason or ""], n)
+
+    def _platform_version(self, name: str) -> tuple[str, int] | None:
+        from streamlake.delta.records import platform_table_path
+
+        path = platform_table_path(name)
+        try:
+            return path, self._table(path).version()
+        except FileNotFoundError:
+            return None
+
+    def _checks(self, families, pipeline: str) -> None:
+        """The newest check of each kind (and table, for gold's) of the job."""
+        from streamlake.operations.consistency import RESULTS
+
+        at = self._platform_version(RESULTS.name)
+        if at is None:
+            return
+        newest = self._cached("checks", at[0], at[1], lambda _prev: newest_checks())
+        for (job, kind, table), (verdict, checked_at) in sorted(newest.items()):
+            if job != pipeline:
+                continue
+            labels = [pipeline, kind, table]
+            families["streamlake_check_success"].add_metric(labels, 1 if verdict == "PASS" else 0)
+            families["streamlake_check_timestamp_seconds"].add_metric(labels, checked_at.timestamp())
+
+    def _quality(self, families, pipeline: str) -> None:
+        from streamlake.quality.results import QUALITY_RESULTS, latest
+
+        at = self._platform_version(QUALITY_RESULTS.name)
+        if at is None:
+            return
+        for v in self._cached(f"quality {pipeline}", at[0], at[1], lambda _prev: latest(None, pipeline)):
+            labels = [pipeline, v["table_name"], v["suite"]]
+            families["streamlake_quality_success_ratio"].add_metric(labels, v["pass_rate"])
+            families["streamlake_quality_critical_failures"].add_metric(labels, len(v["critical_failures"]))
+            families["streamlake_quality_timestamp_seconds"].add_metric(labels, v["validated_at"].timestamp())
+
+    def _batches(self, families, pipeline: str, job) -> None:
+        progress = self._progress.setdefault(pipeline, _Progress())
+        for stage, s in sorted(progress.update(job.control.progress_file).items()):
+            labels = [pipeline, *_stage_labels(stage)]
+            families["streamlake_batch_last_input_rows"].add_metric(labels, s["last_rows"])
+            families["streamlake_batch_input_rows_total"].add_metric(labels, s["rows"])
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, BATCH_BUCKETS), "+Inf"], s["buckets"]):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            families["streamlake_batch_duration_seconds"].add_metric(labels, buckets, s["sum"])
+
+
+# -- readers (no home elsewhere yet) -------------------------------------------------------------
+
+
+def table_rows(table) -> int:
+    """Rows of the table's loaded snapshot from its log: the ``add`` actions' ``numRecords``
+    (the Parquet footer of a file whose add has no statistics). Reads no data."""
+    import pyarrow as pa
+
+    from streamlake.delta.table import parquet_dataset, table_root
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    counts = actions.column("num_records").to_pylist() if "num_records" in actions.column_names \
+        else [None] * actions.num_rows
+    total = sum(n for n in counts if n is not None)
+    without = [p for p, n in zip(actions.column("path").to_pylist(), counts) if n is None]
+    if without:
+        root = table_root(table)
+        files = [_data_path(root, p) for p in without]
+        total += sum(f.metadata.num_rows for f in parquet_dataset(files).get_fragments())
+    return int(total)
+
+
+def count_by_value(path: str, table, column: str, previous: tuple[int, dict] | None) -> dict:
+    """Rows of the table's snapshot per value of ``column``. From ``previous`` (the counts at
+    an older version) when every commit since only appended (a compaction, which moves rows
+    without a data change, counts as nothing): then only the files those commits added are
+    read. Otherwise every file of the snapshot."""
+    from streamlake.delta.log import DeltaLog
+    from streamlake.delta.table import parquet_dataset, snapshot_files
+
+    version = table.version()
+    files: list[str] | None = None
+    if previous is not None and previous[0] < version:
+        log_ = DeltaLog(path)
+        files = []
+        try:
+            for v in range(previous[0] + 1, version + 1):
+                for action in log_.actions(v):
+                    if "add" in action and action["add"].get("dataChange", True):
+                        files.append(_data_path(log_.root, action["add"]["path"]))
+                    elif "remove" in action and action["remove"].get("dataChange", True):
+                        raise LookupError("rows removed")
+                    elif "commitInfo" in action and (action["commitInfo"] or {}).get("operation") == "RESTORE":
+                        raise LookupError("restored")
+        except (LookupError, FileNotFoundError):
+            files = None
+    counts = collections.Counter(dict(previous[1])) if files is not None else collections.Counter()
+    if files is None:
+        files = snapshot_files(table)
+    if files:
+        values = parquet_dataset(files).to_table(columns=[column]).column(column)
+        counts.update(collections.Counter(values.to_pylist()))
+    return dict(counts)
+
+
+def newest_checks() -> dict[tuple[str, str, str], tuple[str, object]]:
+    """(job, kind, table) -> (verdict, checked_at) of the newest recorded consistency check
+    of each kind and table (:func:`table_name`). Reads only the columns it needs."""
+    from streamlake.operations.consistency import RESULTS
+    from streamlake.delta.records import platform_rows
+
+    rows = platform_rows(RESULTS, columns=["job", "kind", "table_path", "verdict", "checked_at"])
+    out: dict[tuple[str, str, str], tuple[str, object]] = {}
+    if rows is None:
+        return out
+    for r in sorted(rows.to_pylist(), key=lambda r: r["checked_at"]):
+        out[(r["job"], r["kind"] or "kafka-audit", table_name(r["table_path"]))] = (r["verdict"], r["checked_at"])
+    return out
+
+
+def table_name(path: str | None) -> str:
+    """A job's table name from its path: ``bronze``, ``silver``, ``gold/<aggregate>``..."""
+    parts = [p for p in str(path or "").split("/") if p]
+    if len(parts) >= 2 and parts[-2] in ("gold", "late_events"):
+        return "/".join(parts[-2:])
+    return parts[-1] if parts else ""
+
+
+def oldest_timestamp_s(conf, tp, start: int, end: int) -> float | None:
+    """The timestamp (epoch seconds) of the first record Kafka holds in ``[start, end)`` of
+    ``tp``: read with the reader the source uses, at most a few records."""
+    from streamlake.kafka.offsets import OffsetRange
+    from streamlake.kafka.reader import read_range
+
+    rng = OffsetRange(tp.topic, tp.partition, start, min(end, start + 16))
+    for batch in read_range(conf, rng, poll_timeout_ms=KAFKA_TIMEOUT_MS, fail_on_data_loss=False):
+        if batch.num_rows:
+            return batch.column("timestamp")[0].as_py().timestamp()
+    return None

@@ -1,0 +1,227 @@
+"""The metrics exporter (issue 73) against a small real lake: the sensors pipeline on the session's
+Kafka broker and Spark, its tables on disk, checks and quality results in the platform's tables.
+
+Every expected value comes from what the test produced (the producer's manifest: each record's
+partition, offset, timestamp, kind and reason) or recorded, never from the exporter's readers:
+rows per table, lag per partition (end offset - the next offset bronze committed) and its age,
+quarantine by reason, the stages' input rows. A second collector, made after everything (as after
+a crash of the exporter), gives the same values as the one whose caches followed the lake.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamlake.monitoring.collector import PlatformCollector
+from streamlake.monitoring.exporter import PortInUseError, render, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST, SECOND = 240, 90  # records ingested, then records produced while the job does not run
+
+
+def scrape(collector) -> dict[tuple, float]:
+    """One scrape through the text format: (sample name, sorted labels) -> value."""
+    out = {}
+    for family in text_string_to_metric_families(render(collector).decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def values(samples: dict, name: str, **labels) -> dict[tuple, float]:
+    """The samples of ``name`` whose labels include ``labels``: (remaining labels) -> value."""
+    out = {}
+    for (n, lbls), v in samples.items():
+        d = dict(lbls)
+        if n == name and all(d.get(k) == str(x) for k, x in labels.items()):
+            out[tuple((k, x) for k, x in lbls if k not in labels)] = v
+    return out
+
+
+def one(samples: dict, name: str, **labels) -> float:
+    found = values(samples, name, **labels)
+    assert len(found) == 1, f"{name}{labels}: {found}"
+    return next(iter(found.values()))
+
+
+def manifest(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def lake(spark, broker, tmp_path_factory):
+    """The sensors pipeline ran (available-now) over FIRST records (a fifth malformed), then
+    SECOND more records arrived that no run ingested; the job is recorded by name."""
+    from streamlake.kafka.producer import produce_records
+    from streamlake.operations.jobs import job_for_root, save_job
+    from streamlake.pipeline.config import PipelineConfig
+    from streamlake.pipeline.definition import load_definition
+    from streamlake.pipeline.driver import run_stages
+
+    topic = f"metrics-{uuid.uuid4().hex[:8]}"
+    definition = replace(load_definition(ROOT / "pipelines" / "sensors.yaml"), topics=(topic,))
+    work = tmp_path_factory.mktemp("metrics")
+    first, second = work / "first.jsonl", work / "second.jsonl"
+    summary = produce_records(definition, topic, FIRST, partitions=3, seed=73, progress=False, value_bytes=100,
+                              malformed_fraction=0.2, manifest_path=first)
+    cfg = PipelineConfig(root=str(work / "lake"), definition=definition)
+    job = save_job(job_for_root(cfg.root, definition_file=str(ROOT / "pipelines" / "sensors.yaml"),
+                                name=f"metrics-{topic}"))
+    run_stages(spark, cfg.build_stages(), job.control, available_now=True, report=lambda _line: None, poll_s=0.2)
+    produce_records(definition, topic, SECOND, partitions=3, seed=74, progress=False, value_bytes=100,
+                    manifest_path=second)
+    return {"job": job, "cfg": cfg, "summary": summary, "first": manifest(first), "second": manifest(second),
+            "definition": definition}
+
+
+def test_the_exporter_reports_what_the_test_produced(lake):
+    job, first, second = lake["job"], lake["first"], lake["second"]
+    now = time.time()
+    collector = PlatformCollector(jobs=lambda: [job.name], now=lambda: now)
+    started = time.monotonic()
+    samples = scrape(collector)
+    print(f"one scrape of one pipeline: {time.monotonic() - started:.3f} s")
+    assert not values(samples, "streamlake_scrape_errors", pipeline=job.name), samples
+
+    # Kafka: the lag per partition is what arrived after the run; its age that of the oldest of it
+    topic = job.source_topics[0]
+    arrived = collections.Counter(r["partition"] for r in second)
+    oldest = {}
+    for r in second:
+        oldest[r["partition"]] = min(oldest.get(r["partition"], r["timestamp"]), r["timestamp"])
+    for p in range(3):
+        labels = dict(pipeline=job.name, topic=topic, partition=p)
+        assert one(samples, "streamlake_kafka_lag_records", **labels) == arrived[p]
+        expected_age = now - oldest[p] / 1000 if arrived[p] else 0.0
+        assert one(samples, "streamlake_kafka_lag_seconds", **labels) == pytest.approx(expected_age, abs=1e-3)
+
+    # tables: rows from what was produced
+    malformed = collections.Counter(r["reason"] for r in first if r["kind"] == "malformed")
+    assert sum(malformed.values()) > 0 and sum(malformed.values()) == sum(lake["summary"].reasons.values())
+    rows = lambda table: one(samples, "streamlake_table_rows_total", pipeline=job.name, table=table)  # noqa: E731
+    assert rows("bronze") == FIRST
+    assert rows("quarantine") == sum(malformed.values())
+    assert rows("silver") == FIRST - sum(malformed.values())  # no duplicates, no late records were produced
+    assert values(samples, "streamlake_quarantine_records_total", pipeline=job.name) == {
+        (("reason", reason),): n for reason, n in malformed.items()}
+    for table in job.tables():
+        version = one(samples, "streamlake_table_version", pipeline=job.name, table=table)
+        assert version >= 1
+        committed = one(samples, "streamlake_last_commit_timestamp_seconds", pipeline=job.name, table=table)
+        assert now - 600 < committed <= now + 1
+
+    # the stages consumed everything; each aggregate has its watermark and no late event
+    aggregates = [a.name for a in lake["definition"].aggregates]
+    lags = values(samples, "streamlake_stage_lag_versions", pipeline=job.name)
+    assert lags == {(("aggregate", ""), ("stage", "silver")): 0,
+                    **{(("aggregate", a), ("stage", "gold")): 0 for a in aggregates}}, lags
+    for a in aggregates:
+        assert one(samples, "streamlake_late_events_pending", pipeline=job.name, aggregate=a) == 0
+        assert one(samples, "streamlake_watermark_timestamp_seconds", pipeline=job.name, aggregate=a) > 0
+
+    # micro-batches: bronze read FIRST rows, silver the same FIRST bronze rows
+    bronze_rows = values(samples, "streamlake_batch_input_rows_total", pipeline=job.name, stage="bronze")
+    silver_rows = values(samples, "streamlake_batch_input_rows_total", pipeline=job.name, stage="silver")
+    assert list(bronze_rows.values()) == [FIRST] and list(silver_rows.values()) == [FIRST]
+    batches = sum(values(samples, "streamlake_batch_duration_seconds_count", pipeline=job.name,
+                         stage="bronze").values())
+    progress = [json.loads(x) for x in Path(job.control.progress_file).read_text().splitlines()]
+    assert batches == sum(1 for x in progress if x.get("stage", "bronze") == "bronze") >= 1
+
+
+def test_checks_and_quality_results_as_recorded(lake):
+    from streamlake.operations.consistency import check_consistency, record_pipeline_check
+    from streamlake.quality.results import append_results
+
+    job = lake["job"]
+    audit = check_consistency(job, "metrics-test")  # the real Kafka audit of bronze, recorded
+    assert audit.passed, audit.summary
+    gold = lake["definition"].aggregates[0].gold_table
+    record_pipeline_check(job, "metrics-test", "gold", False, "made to fail by the test", {}, {},
+                          table_path=job.table_path(gold))
+    at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    suite = f"streamlake.{job.name}.silver"
+    base = {"run_id": "r", "validation_id": f"v-{uuid.uuid4().hex[:8]}", "operation": "metrics-test",
+            "validated_at": at, "table_name": "silver", "table_path": job.table_path("silver"), "suite": suite,
+            "status": "FAIL", "rows": 10}
+    append_results([{**base, "expectation_key": "a", "severity": "critical", "success": True},
+                    {**base, "expectation_key": "b", "severity": "critical", "success": False},
+                    {**base, "expectation_key": "c", "severity": "warning", "success": True},
+                    {**base, "expectation_key": "d", "severity": "warning", "success": False}])
+    samples = scrape(PlatformCollector(jobs=lambda: [job.name]))
+    assert one(samples, "streamlake_check_success", pipeline=job.name, check="kafka-audit", table="bronze") == 1
+    assert one(samples, "streamlake_check_success", pipeline=job.name, check="gold", table=gold) == 0
+    assert time.time() - 120 < one(samples, "streamlake_check_timestamp_seconds", pipeline=job.name,
+                                   check="gold", table=gold) <= time.time()
+    labels = dict(pipeline=job.name, table="silver", suite=suite)
+    assert one(samples, "streamlake_quality_success_ratio", **labels) == 0.5
+    assert one(samples, "streamlake_quality_critical_failures", **labels) == 1
+    assert one(samples, "streamlake_quality_timestamp_seconds", **labels) == at.timestamp()
+
+
+def test_a_new_run_moves_every_value_and_a_fresh_exporter_agrees(spark, lake):
+    """The cached collector follows the lake incrementally (quarantine reasons from the new
+    files only, progress lines from where it stopped); a collector made afterwards, as after a
+    crash, reads everything and must say the same."""
+    from streamlake.pipeline.driver import run_stages
+
+    job, cfg = lake["job"], lake["cfg"]
+    collector = PlatformCollector(jobs=lambda: [job.name], now=lambda: 0.0)
+    scrape(collector)
+    run_stages(spark, cfg.build_stages(), job.control, available_now=True, report=lambda _line: None, poll_s=0.2)
+    after = scrape(collector)
+    fresh = scrape(PlatformCollector(jobs=lambda: [job.name], now=lambda: 0.0))
+    drop = ("streamlake_scrape_duration_seconds",)
+    assert {k: v for k, v in after.items() if k[0] not in drop} == {k: v for k, v in fresh.items() if k[0] not in drop}
+    assert all(v == 0 for v in values(after, "streamlake_kafka_lag_records", pipeline=job.name).values())
+    assert one(after, "streamlake_table_rows_total", pipeline=job.name, table="bronze") == FIRST + SECOND
+    malformed = collections.Counter(r["reason"] for r in lake["first"] + lake["second"] if r["kind"] == "malformed")
+    assert values(after, "streamlake_quarantine_records_total", pipeline=job.name) == {
+        (("reason", reason),): n for reason, n in malformed.items()}
+    assert list(values(after, "streamlake_batch_input_rows_total", pipeline=job.name,
+                       stage="bronze").values()) == [FIRST + SECOND]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_prometheus_and_a_taken_port_is_one_clear_error(lake):
+    port = _free_port()
+    server, _thread = serve(port, collector=PlatformCollector(jobs=lambda: [lake["job"].name]))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as answer:
+            text = answer.read().decode()
+            assert answer.headers["Content-Type"].startswith("text/plain")
+        assert f'streamlake_table_rows_total{{pipeline="{lake["job"].name}",table="bronze"}}' in text
+        with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use"):
+            serve(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = subprocess.run([str(Path(sys.executable).parent / "streamlake"), "metrics", "serve", "--port",
+                               str(busy)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: PortInUseError: port {busy} on 127.0.0.1 is already in use: the metrics exporter cannot serve "
+        f"there (another `streamlake metrics serve`? `ss -ltnp 'sport = :{busy}'` names the process; --port "
+        "chooses another)"]
