@@ -55,6 +55,33 @@ if ! chromium_bin >/dev/null; then
 fi
 if chromium_bin >/dev/null; then echo "setup: chromium at $(chromium_bin)."; fi
 
+# Prometheus and promtool (monitoring/: make run's Prometheus on 127.0.0.1:9090, the rules' test):
+# Debian's `prometheus` package, pinned, unpacked into .venv/prometheus (apt-get download +
+# dpkg-deb -x: no root, no system service, no user). Its binaries need only libc.
+PROMETHEUS_DEB_VERSION=2.42.0+ds-5+deb12u1
+PROM_DIR="$VENV/prometheus"
+if [ "$(cat "$PROM_DIR/.version" 2>/dev/null)" != "$PROMETHEUS_DEB_VERSION" ] || [ ! -x "$PROM_DIR/usr/bin/promtool" ]; then
+  if command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+    echo "setup: fetching Debian's prometheus $PROMETHEUS_DEB_VERSION into $PROM_DIR"
+    mkdir -p "$VENV"
+    deb_dir="$(mktemp -d)"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    if ( cd "$deb_dir" && { apt-get download -qq "prometheus=$PROMETHEUS_DEB_VERSION" 2>/dev/null \
+           || { $SUDO apt-get update -qq && apt-get download -qq "prometheus=$PROMETHEUS_DEB_VERSION"; }; } ) \
+       && rm -rf "$PROM_DIR" && dpkg-deb -x "$deb_dir"/prometheus_*.deb "$PROM_DIR"; then
+      echo "$PROMETHEUS_DEB_VERSION" > "$PROM_DIR/.version"
+    else
+      echo "setup: WARNING: could not fetch Debian's prometheus $PROMETHEUS_DEB_VERSION; make run starts no Prometheus
+  and tests/test_metrics_rules.py skips until it is there (apt-get download prometheus=$PROMETHEUS_DEB_VERSION)" >&2
+    fi
+    rm -rf "$deb_dir"
+  else
+    echo "setup: WARNING: apt-get/dpkg-deb not available: no Prometheus (make run starts none; the rules' test skips)" >&2
+  fi
+fi
+if [ -x "$PROM_DIR/usr/bin/promtool" ]; then echo "setup: prometheus $(cat "$PROM_DIR/.version") in $PROM_DIR."; fi
+
 # The local S3 API server (moto) in a venv of its own: its botocore and the platform's lock
 # disagree on python-dateutil. Tests and the optional object-store mode start it.
 S3_VENV=.venv-s3
