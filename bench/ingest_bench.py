@@ -81,14 +81,14 @@ def _ceiling_init() -> None:
     """Pool worker start: import what the work needs (not timed, like the JVM start-up)."""
     import pyarrow.parquet  # noqa: F401
 
-    import streamlake.delta.files  # noqa: F401
+    import streamlake.storage.data_files  # noqa: F401
     import streamlake.kafka.source  # noqa: F401
 
 
 def _ceiling_task(args: tuple) -> dict:
     """One process's share: read its ranges and write each as a bronze Parquet file."""
     conf, ranges, root, tag = args
-    from streamlake.delta.files import FileTarget
+    from streamlake.storage.data_files import FileTarget
     from streamlake.kafka.client import DEFAULT_FETCH_WAIT_MS, FETCH_WAIT_PROPERTY
     from streamlake.kafka.reader import KAFKA_ARROW_SCHEMA, write_ranges_files
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import assert_exactly_once, delta_log_entries, ingest, progress
-from streamlake.delta.files import (
+from streamlake.storage.data_files import (
     AttemptFileWriter,
     FileTarget,
     data_file_from_json,

@@ -42,19 +42,13 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 
 from streamlake.spark.checkpoint import QueryCheckpoint
-from streamlake.delta.files import (
-    DataFile,
-    FileTarget,
-    add_actions,
-    attempt_directory,
-    data_file_from_json,
-    write_attempt_files,
-)
+from streamlake.delta.files import add_actions, write_attempt_files
 from streamlake.delta.table import TableSpec, ensure_table
 from streamlake.delta.txn import commit_info, committed_offsets, offset_transactions
 from streamlake.errors import CommitConflictError, InvalidOptionError, OffsetGapError
 from streamlake.faults import crash_point
 from streamlake.kafka.offsets import Offsets, TopicPartition, offsets_to_json
+from streamlake.storage.data_files import DataFile, FileTarget, attempt_directory, data_file_from_json
 from streamlake.storage.location import StorageOptions, is_object_store, require_safe_commits, storage_options
 
 log = logging.getLogger(__name__)
@@ -204,7 +198,7 @@ class DeltaKafkaSink:
     ``output=files`` (its read tasks write the files):
     ``file_constants(batch_id, batch_time_ms)`` gives the columns the files
     add to the Kafka columns, as ``{name: (type, value)}`` (see
-    :class:`streamlake.delta.files.FileTarget`), and ``prepare``, if given, is
+    :class:`streamlake.storage.data_files.FileTarget`), and ``prepare``, if given, is
     applied to the source's rows (column ``file``) before the sink collects
     that column: the bronze job passes the same ``prepare`` in both modes,
     and the columns it adds are pruned.

@@ -28,7 +28,7 @@ short result.
 
 :func:`write_ranges_files` is the source's ``output=files`` mode (bronze's fast
 path): the same read, each range written by the task itself as one Parquet
-file of a commit attempt (:class:`streamlake.delta.files.AttemptFileWriter`),
+file of a commit attempt (:class:`streamlake.storage.data_files.AttemptFileWriter`),
 so the records never cross into the JVM; the task returns only the files'
 descriptions. Kept free of heavy imports: this module is what Spark's Python
 workers import to read.
@@ -166,10 +166,10 @@ def files_rows(description: str, records: int) -> pa.RecordBatch:
 def write_ranges_files(conf: Mapping[str, str], ranges: Sequence[OffsetRange], target, names: Sequence[str], *,
                        poll_timeout_ms: int, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
     """Read ``ranges`` (as :func:`read_ranges`) and write range ``i`` as the Parquet file
-    ``names[i]`` in ``target`` (a :class:`streamlake.delta.files.FileTarget`); yield
+    ``names[i]`` in ``target`` (a :class:`streamlake.storage.data_files.FileTarget`); yield
     :func:`files_rows` for each file written (nothing for a range without records).
     A failure leaves at most partial files that no commit references."""
-    from streamlake.delta.files import AttemptFileWriter, data_file_to_json
+    from streamlake.storage.data_files import AttemptFileWriter, data_file_to_json
 
     writers = [AttemptFileWriter(target, name) for name in names]
     try:

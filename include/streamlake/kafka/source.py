@@ -28,7 +28,7 @@ silently fall back to a default. The schema is Spark's Kafka schema.
     the JVM. The schema is ``file string``: one row per record written (Spark's
     ``numInputRows`` stays the number of records), all null except the first
     row of each file, which holds the file's description as JSON
-    (:func:`streamlake.delta.files.data_file_from_json`). Where and how to
+    (:func:`streamlake.storage.data_files.data_file_from_json`). Where and how to
     write (attempt directory, constant columns, which offsets the table
     still needs) comes from the sink that runs the batch, through the Spark
     job's local property :data:`FILES_CONTEXT_PROPERTY` (a
@@ -213,11 +213,11 @@ def output_mode(options: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class FilesContext:
     """What ``output=files`` read tasks of one commit attempt need from the sink:
-    the attempt's :class:`streamlake.delta.files.FileTarget` and, per
+    the attempt's :class:`streamlake.storage.data_files.FileTarget` and, per
     partition, the lowest offset the table still needs (a partition absent
     here is not read at all; -1: from the start of the range)."""
 
-    target: object  # streamlake.delta.files.FileTarget
+    target: object  # streamlake.storage.data_files.FileTarget
     write_from: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -226,7 +226,7 @@ class FilesContext:
 
     @classmethod
     def from_json(cls, text: str) -> "FilesContext":
-        from streamlake.delta.files import FileTarget
+        from streamlake.storage.data_files import FileTarget
 
         data = json.loads(text)
         return cls(FileTarget.from_json(json.dumps(data["target"])),
@@ -586,7 +586,7 @@ class _WarmUpReader(DataSourceReader):
         import pyarrow.parquet  # noqa: F401 - what output=files tasks import
         from pyspark import TaskContext  # noqa: F401
 
-        from streamlake.delta import files  # noqa: F401
+        from streamlake.storage import data_files  # noqa: F401
         from streamlake.faults import crash_point  # noqa: F401
 
         time.sleep(self.hold_s)  # keep the tasks overlapping: one worker per core

@@ -42,7 +42,7 @@ def partition_values(batch_time_ms: int) -> dict[str, str]:
 
 def file_constants(batch_id: int, batch_time_ms: int) -> dict[str, tuple[str, int]]:
     """The bronze columns a micro-batch's files add to the Kafka columns, for read tasks
-    that write the files themselves (see :class:`streamlake.delta.files.FileTarget`);
+    that write the files themselves (see :class:`streamlake.storage.data_files.FileTarget`);
     the same values :func:`to_bronze` adds."""
     return {"ingest_time": ("timestamp_us_utc", int(batch_time_ms) * 1000), "batch_id": ("int64", int(batch_id))}
 
