@@ -265,7 +265,7 @@ class TreeCPU:
             procs = []
         try:
             if any("spark-python" in " ".join(p.cmdline()[:2]) for p in procs):
-                from streamlake.platform.spark_python import forked_below
+                from streamlake.procs import forked_below
 
                 procs += forked_below([p.pid for p in procs])
         except psutil.Error:
@@ -451,7 +451,7 @@ def run(kind: str, bootstrap: str, args, batching: str) -> dict:
 
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
 
     root = WORK / f"{kind}-{batching}"
     shutil.rmtree(root, ignore_errors=True)

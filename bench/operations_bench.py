@@ -247,7 +247,8 @@ def main() -> int:
     progress("starting the platform (make run's services, on free ports)")
     platform = start_platform(home, rate=200, every_minutes=30)
     os.environ["STREAMLAKE_HOME"] = str(home)
-    from streamlake.platform import procs, spark_connect
+    from streamlake import procs
+    from streamlake.platform import spark_connect
 
     rest = platform.rest
     rows: list[dict] = []

@@ -330,7 +330,7 @@ def latency(stack: str, shape: str, bootstrap: str, args) -> dict:
     (as latency_bench.run); produce -> visible in the table's latest version."""
     from streamlake.kafka.client import client_config
     from streamlake.kafka.producer import ensure_topic
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
     from streamlake.spark.session import job_environment
 
     topic = f"peer-latency-{shape}-{stack}"

@@ -15,7 +15,7 @@ import sys
 import time
 
 from streamlake import logs
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 from streamlake.errors import StreamLakeError
 from streamlake.pipeline.driver import describe_failure, platform_error
 from streamlake.pipeline.ingest import add_ingest_arguments, begin_warm_up, config_from_args, run_ingest

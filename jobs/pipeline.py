@@ -14,11 +14,11 @@ rescaling, the supervisor), so it has no ``--remote``.
 A run a rescale starts before it stops the job gets ``--await-handover <the
 rescale's run id>``: it starts its session (and the executors' Python workers),
 then waits for the rescale to hand the stopped job over before it reads or
-writes a table (:meth:`streamlake.operations.control.JobControl.await_handover`).
+writes a table (:meth:`streamlake.pipeline.control.JobControl.await_handover`).
 Any other run that takes the job lock while such a handover is pending (the
 rescale stopped the job for its own run) leaves the job alone, having touched
 nothing, and exits with status 3
-(:meth:`streamlake.operations.control.JobControl.claim`).
+(:meth:`streamlake.pipeline.control.JobControl.claim`).
 
 Usually started by ``streamlake pipeline run``, a named job (``streamlake job
 run``) or the Airflow DAGs. Exit status: 0 on success or a requested stop, 2 for
@@ -36,7 +36,7 @@ import time
 
 from streamlake import logs
 from streamlake.errors import StreamLakeError
-from streamlake.operations.control import HandoverPending, JobControl
+from streamlake.pipeline.control import HandoverPending, JobControl
 from streamlake.pipeline.config import add_pipeline_arguments, config_from_args
 from streamlake.pipeline.definition_check import check_definition
 from streamlake.pipeline.driver import describe_failure, platform_error, run_stages

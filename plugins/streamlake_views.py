@@ -250,7 +250,7 @@ def checks(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> H
 
 @app.get("/api/operations")
 def api_operations(job: str | None = None, limit: int = 100) -> list[dict]:
-    from streamlake.operations.records import recent_operations
+    from streamlake.delta.records import recent_operations
 
     return json.loads(json.dumps(recent_operations(limit, job), default=str))
 
@@ -305,7 +305,7 @@ def _operation_summary(operation: str, details: dict) -> dict:
 @app.get("/operations", response_class=HTMLResponse)
 def operations(job: str | None = Query(None), limit: int = Query(100, le=1000)) -> HTMLResponse:
     """Savepoints, restores, rescales, backfills and pipeline runs (of ``job``), newest first."""
-    from streamlake.operations.records import recent_operations
+    from streamlake.delta.records import recent_operations
 
     rows = []
     for r in recent_operations(limit, job):

@@ -428,7 +428,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 
-    from streamlake.platform import procs
+    from streamlake import procs
 
     for state in procs.running_services():
         procs.stop(state.name)

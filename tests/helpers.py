@@ -79,7 +79,7 @@ def pipeline_config(root, definition_file, **settings):
 
 def run_available_now(spark, cfg) -> dict:
     """Every stage of ``cfg`` once with the available-now trigger, in the test's SparkSession."""
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
     from streamlake.pipeline.driver import run_stages
 
     return run_stages(spark, cfg.build_stages(), JobControl(cfg.control_dir), available_now=True,

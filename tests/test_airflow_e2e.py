@@ -198,8 +198,8 @@ def test_rescale_mid_stream_on_a_cluster_keeps_gold_identical_to_a_run_without_i
     (late events applied in both, so micro-batch boundaries cannot matter)."""
     from conftest import sensors_definition
     from streamlake.kafka.producer import produce_records
-    from streamlake.operations.control import JobControl
-    from streamlake.operations.records import recent_operations
+    from streamlake.pipeline.control import JobControl
+    from streamlake.delta.records import recent_operations
     from streamlake.operations.savepoints import list_savepoints
     from streamlake.pipeline.backfill import AggregatePaths, run_backfill
     from streamlake.pipeline.driver import run_stages

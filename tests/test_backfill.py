@@ -18,7 +18,7 @@ import pytest
 
 from helpers import example, pipeline_config, run_available_now
 from streamlake.delta.table import open_table, read_table
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 from streamlake.operations.pipeline_checks import check_gold
 from streamlake.pipeline.backfill import AggregatePaths, plan_backfill, run_backfill
 from streamlake.pipeline.driver import run_stages
@@ -190,7 +190,7 @@ def test_a_backfill_before_the_pipeline_reached_gold_has_nothing_to_do(tmp_path)
     assert summary["late_events"] == 0 and summary["checks"] == []
     assert all("gold has consumed no silver yet" in e["summary"] for e in summary["aggregates"])
     assert all(open_table(job.table_path(a.gold_table)).version() == 0 for a in d.aggregates), "nothing written"
-    from streamlake.operations.records import recent_operations
+    from streamlake.delta.records import recent_operations
 
     listed = [o for o in recent_operations(10, job.name) if o["operation"] == "backfill"]
     assert len(listed) == 2, "each run is listed in the operations view, nothing to do as it was"

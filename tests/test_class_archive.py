@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import subprocess
 
-from streamlake.spark.class_archive import archive_path, java_option
-from streamlake.spark.session import GC_JAVA_OPTION, job_environment, spark_submit_command
+from streamlake.spark.session import (
+    GC_JAVA_OPTION,
+    class_archive_option,
+    class_archive_path,
+    job_environment,
+    spark_submit_command,
+)
 
 
 def conf_of(cmd: list[str]) -> dict[str, str]:
@@ -18,7 +23,7 @@ def conf_of(cmd: list[str]) -> dict[str, str]:
 
 def test_every_spark_submit_maps_the_archive_and_a_jobs_own_java_options_keep_it():
     conf = conf_of(spark_submit_command("ingest_bronze.py", ["--help"]))
-    expected = f"{java_option()} {GC_JAVA_OPTION}"
+    expected = f"{class_archive_option()} {GC_JAVA_OPTION}"
     assert conf["spark.driver.defaultJavaOptions"] == conf["spark.executor.defaultJavaOptions"] == expected
     assert "TieredStopAtLevel=1" in conf["spark.driver.extraJavaOptions"], "the bronze job's own options stay"
     assert conf_of(spark_submit_command("pipeline.py", [], class_archive=False))[
@@ -27,15 +32,16 @@ def test_every_spark_submit_maps_the_archive_and_a_jobs_own_java_options_keep_it
 
 def test_the_test_sessions_jvm_runs_with_the_archive_option_and_the_throughput_collector(spark):
     management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
-    assert java_option() in list(management.getRuntimeMXBean().getInputArguments())
+    assert class_archive_option() in list(management.getRuntimeMXBean().getInputArguments())
     collectors = {bean.getName() for bean in management.getGarbageCollectorMXBeans()}
     assert collectors == {"PS Scavenge", "PS MarkSweep"}, collectors  # the JVM's names for UseParallelGC
 
 
 def test_the_archive_setup_built_is_mapped_by_a_spark_submit_jvm():
-    assert archive_path().exists(), "make setup builds it: python -m streamlake.spark.class_archive"
+    assert class_archive_path().exists(), "make setup builds it: python -m streamlake.spark.class_archive"
     cmd = spark_submit_command("class_archive_warm_up.py", [], master="local[1]", short_run=True,
-                               conf={"spark.driver.defaultJavaOptions": f"{java_option()} {GC_JAVA_OPTION} -Xshare:on",
+                               conf={"spark.driver.defaultJavaOptions":
+                                     f"{class_archive_option()} {GC_JAVA_OPTION} -Xshare:on",
                                      "spark.ui.enabled": "false"})
     done = subprocess.run(cmd, env=job_environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "warm-up done" in done.stdout, done.stderr[-3000:]

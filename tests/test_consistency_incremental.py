@@ -274,7 +274,7 @@ def test_results_table_of_an_older_version_is_migrated(broker, tmp_path, monkeyp
     columns on the next check; its old rows read them as null."""
     from deltalake import write_deltalake
     from streamlake.operations.consistency import RESULTS
-    from streamlake.operations.records import platform_table_path
+    from streamlake.delta.records import platform_table_path
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
     first_version = RESULTS.schema.names.index("context") + 1  # the columns before incremental checks

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 
 
 class FakeJob:
@@ -188,7 +188,7 @@ def test_a_supervised_job_stays_supervised_between_its_drivers_and_never_beside_
     refused (JobSupervised: the DAG skips it); one supervisor at a time."""
     from types import SimpleNamespace
 
-    from streamlake.operations.control import JobSupervised
+    from streamlake.pipeline.control import JobSupervised
     from streamlake.operations.runner import run_supervised
     from streamlake.operations.supervisor import JobFailed, RestartStrategy
 
@@ -396,7 +396,7 @@ def test_a_handover_is_awaited_and_a_refusal_or_silence_ends_the_wait(control):
     """A rescale starts the job's run before it stops the job; the run's driver waits for the
     rescale's handover (JobControl.await_handover), and ends at once when the rescale refuses
     it (it failed), or after its timeout when nothing comes."""
-    from streamlake.operations.control import HandoverRefused
+    from streamlake.pipeline.control import HandoverRefused
 
     timer = threading.Timer(0.5, control.hand_over, ("manual__a",), {"savepoint": "sp-1"})
     timer.start()
@@ -427,8 +427,8 @@ def test_an_announced_handover_keeps_every_other_run_off_the_job_until_its_run_t
     operation killed without a word)."""
     import json
 
-    from streamlake.operations import control as control_module
-    from streamlake.operations.control import HandoverPending
+    from streamlake.pipeline import control as control_module
+    from streamlake.pipeline.control import HandoverPending
 
     control.claim()  # nothing announced: any run may start the job
     assert control.pending_handover() is None
@@ -495,7 +495,7 @@ def test_a_driver_that_takes_the_job_lock_during_a_binding_touches_nothing(contr
     it raises HandoverPending before it writes its state or starts a stage (a driver that passed
     jobs/pipeline.py's earlier check before the announcement); the awaited run's first claim
     goes through."""
-    from streamlake.operations.control import HandoverPending
+    from streamlake.pipeline.control import HandoverPending
     from streamlake.pipeline.driver import run_stages
 
     class Stage:
@@ -516,7 +516,7 @@ def test_a_driver_that_takes_the_job_lock_during_a_binding_touches_nothing(contr
 def test_the_rescale_refuses_the_handover_when_its_task_fails(tmp_path, monkeypatch):
     """The rescale DAG's on_failure_callback (tasks.refuse_handover) names the failed task and
     its error in the refusal the waiting run reports."""
-    from streamlake.operations.control import HandoverRefused
+    from streamlake.pipeline.control import HandoverRefused
     from streamlake.operations.jobs import JobSpec, load_job, save_job
     from streamlake.orchestration.tasks import refuse_handover
 

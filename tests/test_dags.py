@@ -414,7 +414,7 @@ def test_a_rescale_to_executors_no_worker_can_host_is_refused_before_the_stop(tm
     from airflow.sdk.exceptions import AirflowFailException
 
     from streamlake.operations.jobs import JobSpec, save_job
-    from streamlake.orchestration.operators import connection_master
+    from streamlake.orchestration.hooks import connection_master
     from streamlake.orchestration.tasks import check_rescale_fits
     from streamlake.platform import spark_cluster
 
@@ -578,7 +578,7 @@ def test_rescale_throughput_measures_the_rescale_its_run_completes(tmp_path):
 
     from helpers import example
     from streamlake.operations.jobs import JobSpec, save_job
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
     from streamlake.orchestration.tasks import measure_rescale
 
     job = save_job(JobSpec(name=f"measure_{tmp_path.name}", root=str(tmp_path / "lake"),

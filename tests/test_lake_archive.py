@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from streamlake.platform import procs
+from streamlake import procs
 from streamlake.platform.object_store import archive_for_new_lake
 
 

@@ -84,7 +84,7 @@ def test_the_lake_root_puts_every_defined_pipeline_and_the_platform_tables_on_th
     names another place; unset, both stay under the home as before."""
     from helpers import example
     from streamlake.operations.jobs import load_job
-    from streamlake.operations.records import platform_table_path
+    from streamlake.delta.records import platform_table_path
 
     home = tmp_path / "home"
     monkeypatch.setenv("STREAMLAKE_HOME", str(home))
@@ -160,7 +160,8 @@ def test_a_cli_check_of_a_store_job_uses_the_platforms_server_only_where_it_hold
 
     from conftest import _free_port
     from streamlake.cli.common import connect_or_submit_command
-    from streamlake.platform import procs, spark_connect
+    from streamlake import procs
+    from streamlake.platform import spark_connect
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path))
     port = _free_port()
@@ -325,7 +326,7 @@ def test_make_run_with_the_lake_on_s3_starts_the_local_server_and_points_every_l
     from conftest import _free_port
     from streamlake.cli.services import start_local_lake
     from streamlake.operations.jobs import load_job
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
     from streamlake.platform import object_store
 
     home = tmp_path / "home"
@@ -371,7 +372,7 @@ def cli(*args, env=None, wait=True, timeout=300):
 
 def finish(proc, timeout: float) -> tuple[int, str]:
     """Wait for a CLI process; on timeout kill its process tree and fail with its output."""
-    from streamlake.platform.procs import kill_tree
+    from streamlake.procs import kill_tree
 
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -903,7 +904,7 @@ _PLATFORM_WRITER = """
 import datetime as dt, os, sys, time
 from streamlake.kafka.offsets import TopicPartition
 from streamlake.operations.ledger import Proof, ProvenRange, record_proof
-from streamlake.operations.records import record_operation
+from streamlake.delta.records import record_operation
 from streamlake.quality.results import append_results
 i, go = sys.argv[1], sys.argv[2]
 while not os.path.exists(go):
@@ -930,7 +931,7 @@ def test_the_platform_tables_on_s3_take_concurrent_writers_once_each_and_refuse_
     options variable is refused."""
     from deltalake import DeltaTable
 
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
 
     platform = f"s3://lake/platform-{uuid.uuid4().hex[:8]}"
     public = {k: v for k, v in s3.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}

@@ -25,7 +25,7 @@ import pytest
 
 import oracle
 from streamlake.delta.table import open_table, read_table
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 from streamlake.pipeline.config import PipelineConfig
 from streamlake.pipeline.definition import load_definition
 from streamlake.pipeline.driver import run_stages

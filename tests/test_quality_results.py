@@ -213,7 +213,7 @@ def test_the_results_table_stays_compact_and_its_queries_pick_the_right_validati
     import datetime as dt
 
     from streamlake.delta.table import open_table
-    from streamlake.operations import records
+    from streamlake.delta import records
 
     monkeypatch.setenv("STREAMLAKE_PLATFORM_ROOT", str(tmp_path / "platform"))
     monkeypatch.setattr(records, "COMPACT_FILES", 4)

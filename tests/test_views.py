@@ -36,7 +36,7 @@ def _rows(page: str, cls: str) -> list[str]:
 def test_every_check_names_itself_and_what_it_covered(client, tmp_path):
     from streamlake.operations.consistency import RESULTS, migrate_results_table, record_pipeline_check
     from streamlake.operations.jobs import JobSpec
-    from streamlake.operations.records import append_row
+    from streamlake.delta.records import append_row
 
     job = JobSpec(name="views-job", root=str(tmp_path / "root"), topics=["views-topic"])
     migrate_results_table()
@@ -75,7 +75,7 @@ def test_every_check_names_itself_and_what_it_covered(client, tmp_path):
 
 
 def test_operations_read_as_fields_with_the_raw_json_behind_a_toggle(client):
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
 
     record_operation("savepoint", "views-ops", {"savepoint": "sp-1", "stopped": False,
                                                 "versions": {"bronze": 3, "silver": 2},

@@ -34,10 +34,10 @@ POINTS = ("read", "after_files", "after_commit", "after_files_quarantine", "afte
 
 def _spark_submit_ancestor():
     """The spark-submit JVM this process descends from (psutil.Process), if any; through its
-    launcher for a process the fork server forked (streamlake.platform.spark_python)."""
+    launcher for a process the fork server forked (streamlake.procs.spark_lineage)."""
     import psutil
 
-    from streamlake.platform.spark_python import spark_lineage
+    from streamlake.procs import spark_lineage
 
     for parent in spark_lineage():
         try:
@@ -58,7 +58,7 @@ def kill_job() -> None:
     """
     import psutil
 
-    from streamlake.platform.spark_python import forked_below
+    from streamlake.procs import forked_below
 
     jvm = _spark_submit_ancestor()
     victims = []

@@ -13,7 +13,7 @@ from streamlake.cli.common import (add_job_arguments, add_remote_argument, conne
 
 def cmd_backfill(args) -> int:
     from streamlake.cli.ingest import run_job_foreground
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
 
     job = resolve_job(args)
     definition = job.definition

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from streamlake.cli.common import kafka_options, print_json
-from streamlake.platform import procs
+from streamlake import procs
 
 
 def ingest_command(cfg, master: str, conf: dict | None = None) -> list[str]:
@@ -49,7 +49,7 @@ def run_job_foreground(cmd: list[str], control, env: dict | None = None) -> int:
 
 
 def cmd_ingest(args) -> int:
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
     from streamlake.pipeline.ingest import config_from_args, secret_environment
     from streamlake.storage.location import require_safe_commits
 

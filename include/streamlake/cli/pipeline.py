@@ -37,7 +37,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
     from streamlake.operations.jobs import job_for_root, recorded_storage_options, save_job, with_settings
     from streamlake.pipeline.config import config_from_args, config_to_args, secret_environment
     from streamlake.pipeline.evolution import applied_definition, plan_change

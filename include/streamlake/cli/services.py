@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from streamlake import config
+from streamlake import config, procs
 from streamlake.cli.common import print_json
 from streamlake.operations.jobs import DEMO_JOB as DEMO_PIPELINE
-from streamlake.platform import procs, spark_connect
+from streamlake.platform import spark_connect
 
 
 def cmd_spark(args) -> int:
@@ -274,7 +274,7 @@ def cmd_stop(args) -> int:
     from concurrent.futures import ThreadPoolExecutor
     from itertools import groupby
 
-    from streamlake.operations.control import JobControl
+    from streamlake.pipeline.control import JobControl
     from streamlake.platform import broker
 
     running = procs.running_services()

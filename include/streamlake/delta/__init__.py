@@ -1,1 +1,2 @@
-"""Delta side of the platform: tables, committed offsets, the two-phase-commit sink."""
+"""Delta side of the platform: tables, committed offsets, the two-phase-commit sink, and the
+platform's own record tables (``records``)."""

@@ -43,7 +43,7 @@ def backfill_job(spark, job: JobSpec, start: dt.datetime | None = None, end: dt.
     docstring. Returns a JSON-able summary (one entry per aggregate under ``aggregates``)."""
     from streamlake.operations.consistency import record_pipeline_check, require_passed
     from streamlake.operations.pipeline_checks import account_for_bronze, check_gold
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
     from streamlake.pipeline.backfill import AggregatePaths, BackfillError, gold_has_consumed_silver, run_backfill
 
     definition = job.definition

@@ -3,7 +3,7 @@
 A check is the offset audit (:mod:`streamlake.operations.audit`) of a job's table, plus an
 optional expectation about the offsets the table must hold (after a restore:
 exactly the savepoint's). Every check is appended to the platform table
-``consistency_checks`` (:mod:`streamlake.operations.records`): operation, time,
+``consistency_checks`` (:mod:`streamlake.delta.records`): operation, time,
 table, Delta version, counts and verdict, so the history of proofs is itself data.
 
 **Incremental by default.** A passing check records what it proved in the ledger
@@ -63,7 +63,7 @@ from streamlake.operations.audit import (
     snapshot_index,
 )
 from streamlake.operations.jobs import JobSpec
-from streamlake.operations.records import append_row, platform_table_path, read_rows, writable_options
+from streamlake.delta.records import append_row, platform_table_path, read_rows, writable_options
 
 log = logging.getLogger(__name__)
 

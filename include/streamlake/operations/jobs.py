@@ -173,7 +173,7 @@ class JobSpec:
 
     @property
     def control(self):
-        from streamlake.operations.control import JobControl
+        from streamlake.pipeline.control import JobControl
 
         return JobControl(self.control_dir)
 

@@ -1,7 +1,7 @@
 """Verified ranges: what each passing consistency check proved, and what a table did since.
 
 **The ledger.** A passing check appends its proof to the platform table
-``verified_ranges`` (under the platform root, :mod:`streamlake.operations.records`:
+``verified_ranges`` (under the platform root, :mod:`streamlake.delta.records`:
 ``$STREAMLAKE_HOME/data/_platform`` or an object-store URI shared by every machine): one
 row per topic-partition with the offset range ``[first_offset, next_offset)`` it
 proved the table holds exactly once at ``delta_version``, the row and record
@@ -63,7 +63,7 @@ from streamlake.operations.audit import (
     snapshot_index,
     table_filesystem,
 )
-from streamlake.operations.records import append_rows, platform_rows, platform_table_path
+from streamlake.delta.records import append_rows, platform_rows, platform_table_path
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,11 @@ from typing import Callable
 import psutil
 
 from streamlake import config
-from streamlake.operations.control import HandoverPending
+from streamlake.pipeline.control import HandoverPending
 from streamlake.operations.jobs import JobSpec
 from streamlake.pipeline.config import config_to_args
-from streamlake.spark.session import job_defaults, job_environment, job_path, python_executable, spark_defaults
+from streamlake.spark.interpreter import python_executable
+from streamlake.spark.session import job_defaults, job_environment, job_path, spark_defaults
 from streamlake.operations.supervisor import JobFailed, RestartStrategy, SupervisionResult, supervise
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def job_args(job: JobSpec, continuous: bool, await_handover: str | None = None) 
     """spark-submit arguments of ``jobs/pipeline.py`` for the job (available-now unless
     ``continuous``); with ``await_handover`` (an operation's id) the driver starts its session
     but touches no table before that operation hands the job over
-    (:meth:`~streamlake.operations.control.JobControl.await_handover`)."""
+    (:meth:`~streamlake.pipeline.control.JobControl.await_handover`)."""
     return [*config_to_args(job.pipeline_config(continuous)), *(["--await-handover", await_handover]
                                                                  if await_handover else [])]
 
@@ -72,7 +73,7 @@ def job_processes(job: JobSpec) -> list[psutil.Process]:
 def kill_job(job: JobSpec, sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to every process of the job and its children, those the fork server forked
     for it among them (SIGKILL: like a lost node)."""
-    from streamlake.platform.spark_python import forked_below
+    from streamlake.procs import forked_below
 
     procs = job_processes(job)
     family = {p.pid: p for p in procs}
@@ -180,7 +181,7 @@ def submit_with_subprocess(job: JobSpec, master: str) -> Callable[[], None]:
 def run_supervised(job: JobSpec, strategy: RestartStrategy, run_once: Callable[[], None]) -> SupervisionResult:
     """Keep the job running under ``strategy`` until it is stopped on request (returns)
     or the strategy gives up (GaveUp). The job is marked supervised meanwhile
-    (:meth:`~streamlake.operations.control.JobControl.supervising`: a scheduled run leaves it
+    (:meth:`~streamlake.pipeline.control.JobControl.supervising`: a scheduled run leaves it
     alone); scheduled runs of the job in progress are waited for first, up to
     :data:`AVAILABLE_NOW_WAIT_S` (they end by themselves). Raises TimeoutError when they or
     another supervisor do not end in time."""

@@ -7,7 +7,7 @@ bronze, the upstream position consumed for silver, quarantine and every
 aggregate's gold and late_events tables, each gold table's watermark - plus the
 job's config, its applied definition and the code version)
 and a copy of every stage's query checkpoint. It is taken with the job paused
-at micro-batch boundaries (:meth:`streamlake.operations.control.JobControl.quiesced`),
+at micro-batch boundaries (:meth:`streamlake.pipeline.control.JobControl.quiesced`),
 so the checkpoint copies and the table versions describe the same instant.
 
 Restoring rolls every table back to its version *as a new commit* (history is

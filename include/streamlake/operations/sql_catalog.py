@@ -62,7 +62,7 @@ def sql_name(job: str, table: str) -> str:
 def _platform_tables() -> dict[str, str]:
     from streamlake.operations.consistency import RESULTS
     from streamlake.operations.ledger import VERIFIED_RANGES
-    from streamlake.operations.records import OPERATIONS, platform_table_path
+    from streamlake.delta.records import OPERATIONS, platform_table_path
     from streamlake.quality.results import QUALITY_RESULTS
 
     return {spec.name: platform_table_path(spec.name) for spec in (RESULTS, VERIFIED_RANGES, QUALITY_RESULTS, OPERATIONS)}

@@ -1,11 +1,16 @@
-"""Pieces several DAGs share: settings of the manual operation DAGs and the "start the
-job again" tail of restore and rescale."""
+"""Pieces several DAGs share: settings of the manual operation DAGs, the "start the
+job again" tail of restore and rescale, and the conf keys of the run it starts."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 START_DATE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the job: the operation it completes
+# Set by a rescale, which starts the job's run before it stops the job: the settings the run uses,
+# and the rescale's run id, whose handover the run's driver waits for before it touches a table.
+SETTINGS_CONF_KEY = "settings"
+HANDOVER_CONF_KEY = "handover"
 
 # Manual-only operation DAGs (savepoint, restore, rescale): unpaused, so a UI
 # trigger runs at once; one retry (each step is safe to repeat).
@@ -39,8 +44,6 @@ def resumed_run_conf(state: dict, spark_conn_id: str, after: str, settings: dict
     (the operation's XCom, or :func:`current_state`). A run started before the operation
     stops the job also gets the operation's ``settings`` and the ``handover`` it waits for
     (:func:`resume_job_before_stop`)."""
-    from streamlake.orchestration.pipeline_dags import HANDOVER_CONF_KEY, RESUMES_CONF_KEY, SETTINGS_CONF_KEY
-
     continuous = state["mode"] == "continuous" and state["job_was_running"]
     conf = {"job": state["job"], "mode": "continuous" if continuous else "scheduled", "spark_conn_id": spark_conn_id,
             RESUMES_CONF_KEY: after}
@@ -101,7 +104,7 @@ def resume_job_before_stop(after: str = "rescale"):
     a run of its ``ingest_<job>`` DAG, as :func:`resume_job` starts it, on the DAG's rescale
     settings (``settings`` in its conf; :func:`rescale_settings`), whose driver starts its JVM
     and session at once and then waits for the operation to hand the stopped job over
-    (``handover``: the operation's run id; :meth:`~streamlake.operations.control.JobControl.await_handover`)
+    (``handover``: the operation's run id; :meth:`~streamlake.pipeline.control.JobControl.await_handover`)
     before it touches a table. Its mode follows the job's state at the trigger
     (:func:`current_state`): a job running continuously now is resumed continuously (that run's
     supervisor task waits for the running one's, which ends with the stop). The operation must hand the job

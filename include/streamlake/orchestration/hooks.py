@@ -10,6 +10,8 @@ already in delta-rs's environment form (``AWS_...``, e.g.
 ``AWS_S3_LOCKING_PROVIDER``). They reach the job's process as environment
 variables (:meth:`ObjectStoreHook.environment`), never its command line.
 Airflow masks the connection's password and secret extras in every task log.
+
+:func:`connection_master` gives the master URL of a Spark connection.
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ def connection_environment(login: str | None, password: str | None, extra: dict[
             env["AWS_ALLOW_HTTP"] = "true"
     env.update({k: str(v) for k, v in extra.items() if k.startswith("AWS_")})
     return env
+
+
+def connection_master(conn_id: str) -> str:
+    """The master URL spark-submit gets from the Spark connection ``conn_id`` (its host, with
+    its port where it has one, as the Spark provider builds it). Raises what Airflow raises
+    for a connection that is not defined."""
+    conn = BaseHook.get_connection(conn_id)
+    host = conn.host or ""
+    return f"{host}:{conn.port}" if conn.port and not host.startswith("local") else host
 
 
 def job_store_environment(job, log) -> dict[str, str]:

@@ -35,17 +35,6 @@ from airflow.providers.common.compat.sdk import AirflowException, AirflowFailExc
 SPARK_POOL_ENV = "STREAMLAKE_SPARK_POOL"
 
 
-def connection_master(conn_id: str) -> str:
-    """The master URL spark-submit gets from the Spark connection ``conn_id`` (its host, with
-    its port where it has one, as the Spark provider builds it). Raises what Airflow raises
-    for a connection that is not defined."""
-    from airflow.providers.common.compat.sdk import BaseHook
-
-    conn = BaseHook.get_connection(conn_id)
-    host = conn.host or ""
-    return f"{host}:{conn.port}" if conn.port and not host.startswith("local") else host
-
-
 class ApplicationFailed(AirflowException):
     """A job's application (``jobs/*.py``) ended with a non-zero ``exit_status``, as a
     spark-submit of its own or a Spark Connect client."""
@@ -83,8 +72,8 @@ class _JobSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context) -> None:
         from streamlake.operations.runner import spark_conf, spark_env
-        from streamlake.orchestration.hooks import job_store_environment
-        from streamlake.platform.spark_python import spark_python
+        from streamlake.orchestration.hooks import connection_master, job_store_environment
+        from streamlake.spark.interpreter import spark_python
         from streamlake.spark.session import job_path
 
         job = self.job_spec()
@@ -249,17 +238,17 @@ class JobRunOperator(_ConnectFirstOperator):
         self.handover = handover
 
     def execute(self, context) -> None:
-        """The run, as a scheduled run of the job (:meth:`~streamlake.operations.control.JobControl.scheduled_run`):
+        """The run, as a scheduled run of the job (:meth:`~streamlake.pipeline.control.JobControl.scheduled_run`):
         skipped, with the reason, when a supervisor keeps the job running continuously (it keeps
         every stage up to date), or when another operation (a rescale) is handing the stopped job
         over to a run of its own: before the driver starts, or by the driver once it holds the
-        job lock (its exit status 3: :class:`~streamlake.operations.control.HandoverPending`). A
+        job lock (its exit status 3: :class:`~streamlake.pipeline.control.HandoverPending`). A
         run that completes a restore or rescale then fails instead (a continuous run, or another
         rescale, was started after the operation's trigger: deal with it, then clear this task).
         The run of a rescale that refused its handover (it failed before it) fails without
         retrying, with the rescale's reason: the refusal is for good. So does a run whose
         definition file no longer loads, saying why, before anything starts."""
-        from streamlake.operations.control import HandoverPending, JobSupervised
+        from streamlake.pipeline.control import HandoverPending, JobSupervised
         from streamlake.orchestration.tasks import leave_the_job
         from streamlake.pipeline.definition import DefinitionError
 
@@ -319,6 +308,7 @@ class JobRunOperator(_ConnectFirstOperator):
         load), a restore's catch-up took 24.3 s as a spark-submit of its own (13,170 records, 10 s
         of it before the first micro-batch) and 12.1 s on the server (8,388 records), the restore
         from its trigger to proven 49.2 s against 31.1 s."""
+        from streamlake.orchestration.hooks import connection_master
         from streamlake.storage.location import is_object_store
 
         if is_object_store(job.root):

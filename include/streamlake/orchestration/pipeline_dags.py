@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from streamlake.orchestration.dag_parts import START_DATE
+from streamlake.orchestration.dag_parts import HANDOVER_CONF_KEY, RESUMES_CONF_KEY, SETTINGS_CONF_KEY, START_DATE
 
 INGEST_EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
 # Two runs at a time, each task one run at a time: a run's job (its ingest or supervisor) starts
@@ -25,11 +25,6 @@ INGEST_EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"
 # does not queue behind a proof; the job's own tasks never run side by side.
 INGEST_ACTIVE_RUNS = 2
 ONE_RUN_AT_A_TIME = {"max_active_tis_per_dag": 1}
-RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the job: the operation it completes
-# Set by a rescale, which starts the job's run before it stops the job: the settings the run uses,
-# and the rescale's run id, whose handover the run's driver waits for before it touches a table.
-SETTINGS_CONF_KEY = "settings"
-HANDOVER_CONF_KEY = "handover"
 
 
 def ingest_dag_id(pipeline: str) -> str:

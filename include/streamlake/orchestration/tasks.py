@@ -34,7 +34,7 @@ def supervise_continuous(job_name: str, spark_conn_id: str, strategy: dict, sett
     operation's handover (a rescale stopped the job for a run of its own), the task is skipped,
     saying why, or fails when the run completes an operation (``resumes``: restore, rescale).
     """
-    from streamlake.operations.control import HandoverPending
+    from streamlake.pipeline.control import HandoverPending
     from streamlake.operations.runner import run_supervised, submit_with_airflow_hook
     from streamlake.operations.supervisor import RestartStrategy
 
@@ -83,7 +83,7 @@ def resumed_job(job_name: str, settings: dict | None):
 def take_savepoint(job_name: str, stop: bool, note: str = "") -> dict:
     """Savepoint at a micro-batch boundary; the job resumes (or stops if ``stop``)."""
     from streamlake.operations.jobs import load_job
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
     from streamlake.operations.savepoints import create_savepoint
     from streamlake.orchestration.hooks import store_credentials
 
@@ -104,7 +104,7 @@ def restore(savepoint_id: str | None, job_name: str | None = None) -> dict:
     """Restore tables, offsets and checkpoint of a savepoint (the job is stopped first):
     ``savepoint_id``, or the newest savepoint of ``job_name``. Raises SavepointError when
     there is none."""
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
     from streamlake.operations.jobs import load_job
     from streamlake.operations.savepoints import SavepointError, list_savepoints, load_savepoint, restore_savepoint
     from streamlake.orchestration.hooks import store_credentials
@@ -154,7 +154,7 @@ def check_rescale_fits(job_name: str, settings: dict) -> None:
 
     from streamlake.errors import InvalidOptionError
     from streamlake.operations.jobs import load_job
-    from streamlake.orchestration.operators import connection_master
+    from streamlake.orchestration.hooks import connection_master
     from streamlake.platform.spark_cluster import executor_does_not_fit
 
     refused = f"rescale of job {job_name} refused before the stop, the job keeps running"
@@ -176,7 +176,7 @@ def check_rescale_fits(job_name: str, settings: dict) -> None:
 def announce_handover(job_name: str, operation: str) -> None:
     """The operation ``operation`` (its run id) is about to stop the job for the run it started:
     until that run takes the job, every other run that would start it leaves it alone
-    (:meth:`~streamlake.operations.control.JobControl.announce_handover`): nothing runs the job
+    (:meth:`~streamlake.pipeline.control.JobControl.announce_handover`): nothing runs the job
     on its old settings after the stop."""
     from streamlake.operations.jobs import load_job
 
@@ -186,7 +186,7 @@ def announce_handover(job_name: str, operation: str) -> None:
 
 def hand_over(job_name: str, operation: str, **info) -> None:
     """The operation ``operation`` (its run id) is done with the stopped job: the run it started
-    before the stop (waiting in :meth:`~streamlake.operations.control.JobControl.await_handover`)
+    before the stop (waiting in :meth:`~streamlake.pipeline.control.JobControl.await_handover`)
     may start the job."""
     from streamlake.operations.jobs import load_job
 
@@ -232,7 +232,7 @@ def throughput(job_name: str, start_line: int = 0, end_line: int | None = None, 
 def record_rescale(job_name: str, settings: dict, savepoint: dict, before: dict) -> dict:
     """Record a rescale (settings before and after, savepoint, throughput before) in the
     operations table; the job's next run measures the throughput after (:func:`measure_rescale`)."""
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
 
     details = {"settings": settings, "savepoint": savepoint.get("id"), "throughput_before": before, **run_context()}
     details["operation_id"] = record_operation("rescale", job_name, details)
@@ -250,7 +250,7 @@ def measure_rescale(job_name: str, rescale_run_id: str | None = None, wait_s: fl
     Raises LookupError when there is no such rescale by then."""
     import json
 
-    from streamlake.operations.records import record_operation, recent_operations
+    from streamlake.delta.records import record_operation, recent_operations
 
     deadline = time.monotonic() + wait_s
     while True:

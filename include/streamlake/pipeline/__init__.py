@@ -1,1 +1,2 @@
-"""The pipeline's stages: Kafka -> bronze (``bronze``, ``ingest``)."""
+"""The pipeline's stages: Kafka -> bronze (``bronze``, ``ingest``) -> silver -> gold, run by
+the driver (``driver``) under the job's control files (``control``)."""

@@ -20,7 +20,7 @@ the tables' commits, as after any crash, so it loses and duplicates nothing.
 Every other failure ends the run.
 
 It holds the job lock for its whole life and obeys the control files
-(:mod:`streamlake.operations.control`): STOP ends the job at micro-batch
+(:mod:`streamlake.pipeline.control`): STOP ends the job at micro-batch
 boundaries; PAUSE stops every running query at a micro-batch boundary,
 reports PAUSED and starts them again once PAUSE is gone (savepoints use this).
 Progress of every micro-batch of every stage goes to ``report`` and, as JSON
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
     """Run ``stages`` until they end (available-now) or are stopped; see the module docstring.
 
     Holds the job lock meanwhile and, once it has it, claims the job
-    (:meth:`~streamlake.operations.control.JobControl.claim`): ``handover`` names the operation
+    (:meth:`~streamlake.pipeline.control.JobControl.claim`): ``handover`` names the operation
     whose handover this run awaited (its first claim marks it taken); any other run raises
     HandoverPending, having touched nothing, while another operation's handover binds the job.
 
@@ -120,7 +120,7 @@ def run_stages(spark, stages: Sequence[Stage], control: JobControl, *, available
     summary = {"batches": sum(t["batches"] for t in totals.values()), "rows": next(iter(rows.values()), 0),
                "stages": totals, "seconds": round(time.monotonic() - started, 1), "stopped": stopped}
     if record and summary["batches"]:
-        from streamlake.operations.records import record_operation
+        from streamlake.delta.records import record_operation
 
         record_operation("pipeline-run", query_name, {**summary, "mode": mode or (
             "available-now" if available_now else "continuous")})
@@ -177,7 +177,7 @@ RECORD_EVERY_S = 300  # a continuous run records its counts in the operations ta
 
 
 def _record_progress(job: str, totals: dict) -> None:
-    from streamlake.operations.records import record_operation
+    from streamlake.delta.records import record_operation
 
     try:
         record_operation("pipeline-progress", job, {"stages": totals, "mode": "continuous"})
@@ -286,12 +286,22 @@ def format_line(line: dict) -> str:
     the stage's own counts (lag for bronze; quarantined/duplicates, late/watermark downstream)."""
     stage = line.get("stage", "bronze")
     if stage == "bronze":
-        from streamlake.pipeline.ingest import format_progress
-
-        return f"bronze {format_progress(line)}"
+        return f"bronze {format_bronze(line)}"
     extra = ", ".join(f"{k} {v}" for k, v in line.items() if k not in _PLAIN_KEYS)
     return (f"{stage} batch {line['batchId']}: {line['numInputRows']} rows, "
             f"{line.get('processedRowsPerSecond') or 0:,.0f} rows/s" + (f", {extra}" if extra else ""))
+
+
+def format_bronze(p: dict) -> str:
+    """A bronze progress line (:func:`streamlake.pipeline.ingest.batch_progress`): its lag per
+    Kafka partition, its Delta version, the offsets it skipped."""
+    lag = p["lag"]
+    lag_text = ", ".join(f"{tp}={n}" for tp, n in lag.items())
+    version = p["deltaVersion"] if p["deltaVersion"] is not None else "-"
+    return (f"batch {p['batchId']}: {p['numInputRows']} rows, {p['processedRowsPerSecond']:,.0f} rows/s, "
+            f"lag {sum(lag.values())} ({lag_text}), delta version {version}"
+            + (f"; skipped offsets Kafka no longer held (failOnDataLoss=false): {p['skipped']}"
+               if p.get("skipped") else ""))
 
 
 def read_progress(control: JobControl, stage: str | None = None) -> list[dict]:

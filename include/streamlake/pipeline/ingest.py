@@ -31,7 +31,7 @@ attempt directory, invisible until the one Delta commit with the offsets.
 
 As a pipeline stage (:class:`BronzeStage`) it runs under
 :func:`streamlake.pipeline.driver.run_stages`, which stops or pauses it at a
-micro-batch boundary on request (:mod:`streamlake.operations.control`); the
+micro-batch boundary on request (:mod:`streamlake.pipeline.control`); the
 CLI asks for a stop on Ctrl-C/SIGTERM.
 """
 
@@ -48,7 +48,7 @@ from streamlake.pipeline import bronze
 from streamlake.pipeline.driver import run_stages
 from streamlake.spark.checkpoint import QueryCheckpoint
 from streamlake.spark.session import is_connect
-from streamlake.operations.control import JobControl
+from streamlake.pipeline.control import JobControl
 from streamlake.delta.sink import DeltaKafkaSink
 from streamlake.delta.table import open_table, table_exists
 from streamlake.delta.txn import committed_offsets
@@ -334,16 +334,6 @@ def batch_progress(progress: dict, sink: DeltaKafkaSink) -> dict:
         "sinkMs": result.get("timings", {}),
         **({"skipped": result["skipped"]} if result.get("skipped") else {}),
     }
-
-
-def format_progress(p: dict) -> str:
-    lag = p["lag"]
-    lag_text = ", ".join(f"{tp}={n}" for tp, n in lag.items())
-    version = p["deltaVersion"] if p["deltaVersion"] is not None else "-"
-    return (f"batch {p['batchId']}: {p['numInputRows']} rows, {p['processedRowsPerSecond']:,.0f} rows/s, "
-            f"lag {sum(lag.values())} ({lag_text}), delta version {version}"
-            + (f"; skipped offsets Kafka no longer held (failOnDataLoss=false): {p['skipped']}"
-               if p.get("skipped") else ""))
 
 
 def run_ingest(spark, cfg: IngestConfig, report: Callable[[str], None] = print, poll_s: float = 1.0,

@@ -15,8 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from streamlake import config
-from streamlake.platform import procs, spark_connect
+from streamlake import config, procs
+from streamlake.platform import spark_connect
 
 SERVICE = "airflow"
 DEFAULT_PORT = 8080
@@ -103,7 +103,7 @@ def airflow_env(port: int = DEFAULT_PORT, cluster_port: int = 7077, connect_port
 
 
 def airflow_executable() -> str:
-    from streamlake.spark.session import python_executable
+    from streamlake.spark.interpreter import python_executable
 
     return str(Path(python_executable()).parent / "airflow")
 

@@ -13,7 +13,7 @@ nodes, written when the nodes are formatted; a restart reuses it),
 therefore survive a stop and a start. Node ``i`` (0-based) of a cluster on
 port ``P`` with ``N`` nodes serves clients on ``P + i`` and its controller on
 ``P + N + i``. Each node runs as the service ``kafka-<id>``
-(:mod:`streamlake.platform.procs`, log ``logs/kafka-<id>.log``); while the
+(:mod:`streamlake.procs`, log ``logs/kafka-<id>.log``); while the
 cluster runs, ``run/kafka.json`` holds its bootstrap servers
 (:func:`streamlake.config.embedded_bootstrap`).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from streamlake import config
 from streamlake import jars
-from streamlake.platform import procs
+from streamlake import procs
 
 JAR_SET = jars.KAFKA
 SERVICE_PREFIX = "kafka-"

@@ -27,7 +27,8 @@ What it guarantees:
 The socket is the platform user's (mode 0600, in the run directory), like the other
 services' files: anyone who can write it can run the jobs as that user, nothing more.
 
-It also forks Spark's own Python processes (:mod:`streamlake.platform.spark_python`): a
+It also forks Spark's own Python processes (:mod:`streamlake.platform.spark_python`,
+:mod:`streamlake.spark.interpreter`): a
 Spark JVM of this machine starts ``python -m pyspark.<module>`` (the worker daemon, a
 streaming source's runner, a data source's planner) through a small launcher that sends the
 request with its standard input, output and error (the file descriptors themselves); the
@@ -61,7 +62,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-SERVICE = "fork-server"
 # What a job's Connect client imports before its first query (the costly ones), never StreamLake's.
 PRELOAD = ("pyarrow", "pyarrow.compute", "pyarrow.dataset", "pyarrow.parquet", "pandas", "deltalake",
            "confluent_kafka", "yaml", "psutil", "pyspark.sql.connect.session", "pyspark.sql.connect.functions",
@@ -73,9 +73,6 @@ PRELOAD_SPARK = ("pyspark.daemon", "pyspark.worker", "pyspark.sql.streaming.pyth
                  "pyspark.sql.pandas.serializers")
 MODULE_PREFIXES = ("pyspark.",)  # the modules it runs as `python -m`: Spark's
 HASH_SEED = "0"  # the server's PYTHONHASHSEED, Spark's default for its workers
-# Set in a forked module's environment (inherited by what it forks): the pid of the launcher
-# Spark started, where the process tree as Spark sees it goes on (streamlake.platform.spark_python).
-LAUNCHER_PID_ENV = "STREAMLAKE_SPARK_LAUNCHER_PID"
 KILL_GRACE_S = 10.0
 _HEADER = struct.Struct(">cI")
 
@@ -102,9 +99,10 @@ def socket_path(run_dir: Path | None = None) -> str:
 
 def running_socket() -> str | None:
     """The socket of the platform's running fork server; None when none runs."""
-    from streamlake.platform import procs
+    from streamlake import procs
+    from streamlake.spark.interpreter import FORK_SERVER
 
-    state = procs.status(SERVICE)
+    state = procs.status(FORK_SERVER)
     return state.info.get("socket") if state is not None else None
 
 
@@ -136,7 +134,7 @@ def run_client(application: str, args: Sequence[str], env: Mapping[str, str], *,
     fork server runs, it does not answer, or it refuses (``write`` says why): the caller then
     starts the interpreter itself. Raises ForkServerError when the server accepted the run
     and its connection ended before the exit status (the run's outcome is unknown)."""
-    from streamlake.spark.session import python_executable
+    from streamlake.spark.interpreter import python_executable
 
     path = socket_file or running_socket()
     if not path:
@@ -186,27 +184,26 @@ def run_client(application: str, args: Sequence[str], env: Mapping[str, str], *,
 def start(timeout_s: float = 120.0) -> dict:
     """Start the platform's fork server (idempotent); return when it answers, with its socket.
     Raises RuntimeError naming its log when it does not answer within ``timeout_s``."""
-    from streamlake import config
-    from streamlake.platform import procs
-    from streamlake.spark.session import python_executable
+    from streamlake import config, procs
+    from streamlake.platform.spark_python import write_launcher
+    from streamlake.spark.interpreter import FORK_SERVER, python_executable
 
-    if procs.status(SERVICE) is None:
+    if procs.status(FORK_SERVER) is None:
         path = socket_path()
         applications = config.project_root() / "jobs"
         cmd = [python_executable(), "-m", "streamlake.platform.fork_server", "--socket", path,
                "--applications", str(applications)]
-        procs.start_until_ready(SERVICE, cmd, lambda: _answers(path), timeout_s,
+        procs.start_until_ready(FORK_SERVER, cmd, lambda: _answers(path), timeout_s,
                                 what=f"the fork server at {path}", info={"socket": path, "python": cmd[0]},
                                 env={**os.environ, "PYTHONHASHSEED": HASH_SEED})
-    from streamlake.platform.spark_python import write_launcher
-
-    return {"socket": running_socket(), "spark_python": str(write_launcher(running_socket()))}
+    return {"socket": running_socket(), "spark_python": str(write_launcher(running_socket(), MODULE_PREFIXES))}
 
 
 def stop() -> bool:
-    from streamlake.platform import procs
+    from streamlake import procs
+    from streamlake.spark.interpreter import FORK_SERVER
 
-    return procs.stop(SERVICE, timeout=KILL_GRACE_S)
+    return procs.stop(FORK_SERVER, timeout=KILL_GRACE_S)
 
 
 def _answers(path: str) -> bool:
@@ -410,9 +407,7 @@ class ForkServer:
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             _close_all(fds)
-            env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-            if request.get("launcher_pid"):
-                env[LAUNCHER_PID_ENV] = str(int(request["launcher_pid"]))
+            env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}  # the launcher's pid too
             unbuffered = bool(env.get("PYTHONUNBUFFERED"))
             sys.stdout.reconfigure(write_through=unbuffered)
             sys.stderr.reconfigure(write_through=True)

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from streamlake import config
-from streamlake.platform import procs
+from streamlake import procs
 
 SERVICE = "s3"
 DEFAULT_PORT = 19070

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from streamlake import config
-from streamlake.platform import procs
+from streamlake import procs
 
 MASTER = "spark-master"
 DEFAULT_PORT = 7077
@@ -31,7 +31,7 @@ def machine_cores() -> int:
 
 
 def spark_class() -> str:
-    from streamlake.spark.session import python_executable
+    from streamlake.spark.interpreter import python_executable
 
     path = Path(python_executable()).parent / "spark-class"
     if not path.exists():

@@ -30,7 +30,7 @@ import socket
 from typing import Mapping
 from urllib.parse import urlparse
 
-from streamlake.platform import procs
+from streamlake import procs
 
 SERVICE = "spark-connect"
 DEFAULT_PORT = 15002
@@ -82,8 +82,8 @@ def launch(port: int = DEFAULT_PORT, master: str = "local[2]", store_environment
     if store_environment and not storage_conn_id:
         raise ValueError("a store's credentials for the Spark Connect server need the name of their Airflow "
                          "connection (storage_conn_id): the tasks that may use them are that connection's")
-    from streamlake.platform.spark_python import spark_python
-    from streamlake.spark.session import job_environment, python_executable, spark_defaults, spark_submit_executable
+    from streamlake.spark.interpreter import python_executable, spark_python
+    from streamlake.spark.session import job_environment, spark_defaults, spark_submit_executable
 
     if procs.status(SERVICE) is None:
         python = spark_python(master)  # its Python processes forked warm where the fork server runs

@@ -6,8 +6,9 @@ start: the pipeline's stages start three per run), the planner of each read of o
 spends 0.3-0.7 s importing pyspark, pyarrow and pandas before its first byte (measured idle;
 twice that on a busy machine), and the worker daemon's children import the worker module
 after they are forked. Where the platform's fork server runs (:mod:`streamlake.platform.fork_server`),
-:func:`spark_python` names a launcher instead of the interpreter (Spark's
-``spark.pyspark.python`` / ``PYSPARK_PYTHON``): a script run by the same interpreter with
+:func:`streamlake.spark.interpreter.spark_python` names a launcher instead of the interpreter
+(Spark's ``spark.pyspark.python`` / ``PYSPARK_PYTHON``), the one :func:`write_launcher` writes
+here: a script run by the same interpreter with
 no site packages (``-IS``, about 10 ms) that hands ``-m pyspark.<module> ARGS`` to the fork
 server with its standard input, output and error, forwards the signals it gets to the
 forked child and exits with the child's status. Anything else (another module, ``-c``, no
@@ -16,24 +17,22 @@ wrong to start it, only slower.
 
 Only for masters of this machine (``local``, ``local[N]``, a ``spark://`` master on
 127.0.0.1 or localhost, the platform's own cluster): an executor on another machine has
-neither the launcher nor the server.
+neither the launcher nor the server. The child it forks has the launcher's pid in its
+environment (:data:`streamlake.procs.LAUNCHER_PID_ENV`): where the process tree as Spark sees
+it goes on (:func:`streamlake.procs.spark_lineage`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Sequence
-
-LAUNCHER_NAME = "spark-python"
-_LOCAL_MASTER = re.compile(r"^(local(\[[^\]]*\])?|spark://(127\.0\.0\.1|localhost)(:\d+)?)$")
 
 _LAUNCHER = '''#!{python} -IS
 # Written by streamlake.platform.spark_python: Spark's Python processes forked by the fork server.
 import json, os, signal, socket, struct, sys
 
-PYTHON, SOCKET, MODULES = {python!r}, {socket!r}, {prefixes!r}
+PYTHON, SOCKET, MODULES, PID_ENV = {python!r}, {socket!r}, {prefixes!r}, {pid_env!r}
 args = sys.argv[1:]
 
 
@@ -63,8 +62,8 @@ if len(args) < 2 or args[0] != "-m" or not args[1].startswith(MODULES):
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     sock.connect(SOCKET)
-    request = {{"module": args[1], "args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "python": PYTHON,
-               "launcher_pid": os.getpid()}}
+    request = {{"module": args[1], "args": args[2:], "env": {{**os.environ, PID_ENV: str(os.getpid())}},
+               "cwd": os.getcwd(), "python": PYTHON}}
     socket.send_fds(sock, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
     kind, payload = frame(sock)
 except OSError:
@@ -101,87 +100,20 @@ sys.exit(status)
 '''
 
 
-def launcher_path(socket_file: str) -> Path:
-    """Where the launcher of the fork server at ``socket_file`` is: next to its socket, named
-    after it (``fork-server-spark-python``), so that two servers never share one."""
-    socket_file = Path(socket_file)
-    return socket_file.with_name(f"{socket_file.stem}-{LAUNCHER_NAME}")
-
-
-def is_launcher(path: str) -> bool:
-    """Whether ``path`` names a launcher (not an interpreter)."""
-    return os.path.basename(path).endswith(LAUNCHER_NAME)
-
-
-def write_launcher(socket_file: str, module_prefixes: Sequence[str] = ()) -> Path:
+def write_launcher(socket_file: str, module_prefixes: Sequence[str]) -> Path:
     """Write the launcher of the fork server at ``socket_file`` (this interpreter's), for the
-    modules it runs (default: the server's, Spark's); returns its path."""
-    from streamlake.platform.fork_server import MODULE_PREFIXES
-    from streamlake.spark.session import python_executable
+    modules it runs (``module_prefixes``: the server's, ``fork_server.MODULE_PREFIXES`` for the
+    platform's); returns its path."""
+    from streamlake.procs import LAUNCHER_PID_ENV
+    from streamlake.spark.interpreter import launcher_path, python_executable
 
     path = launcher_path(socket_file)
     # the interpreter's own path, not its resolved link: a virtualenv is known by it
     text = _LAUNCHER.format(python=os.path.abspath(python_executable()), socket=socket_file,
-                            prefixes=tuple(module_prefixes or MODULE_PREFIXES))
+                            prefixes=tuple(module_prefixes), pid_env=LAUNCHER_PID_ENV)
     if not path.exists() or path.read_text() != text:
         staged = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         staged.write_text(text)
         staged.chmod(0o700)
         staged.replace(path)
     return path
-
-
-def is_local_master(master: str | None) -> bool:
-    """Whether Spark's executors of ``master`` run on this machine."""
-    return bool(master) and bool(_LOCAL_MASTER.match(master.strip()))
-
-
-def spark_python(master: str | None) -> str:
-    """The interpreter to give Spark (``spark.pyspark.python``, ``PYSPARK_PYTHON``) for an
-    application on ``master``: the fork server's launcher when one runs with this very
-    interpreter (another one chosen, a wrapper of the caller's, is respected) and the master is
-    this machine's; otherwise this interpreter."""
-    from streamlake.platform import procs
-    from streamlake.platform.fork_server import SERVICE
-    from streamlake.spark.session import python_executable
-
-    python = python_executable()
-    state = procs.status(SERVICE) if is_local_master(master) else None
-    if state is None or not state.info.get("python") or \
-            os.path.abspath(state.info["python"]) != os.path.abspath(python):
-        return python
-    launcher = launcher_path(state.info["socket"])
-    return str(launcher) if launcher.exists() else python
-
-
-def spark_lineage() -> list:
-    """This process's ancestors (psutil.Process, nearest first), then, for a process the fork
-    server forked for a launcher (or one forked below it), that launcher and its ancestors:
-    where the Spark application that started it is found."""
-    import psutil
-
-    from streamlake.platform.fork_server import LAUNCHER_PID_ENV
-
-    lineage = psutil.Process().parents()
-    try:
-        launcher = psutil.Process(int(os.environ[LAUNCHER_PID_ENV]))
-        return [*lineage, launcher, *launcher.parents()]
-    except (KeyError, ValueError, psutil.Error):
-        return lineage
-
-
-def forked_below(pids) -> list:
-    """The processes the fork server forked for any launcher among ``pids``, and theirs."""
-    import psutil
-
-    from streamlake.platform.fork_server import LAUNCHER_PID_ENV
-
-    wanted = {str(pid) for pid in pids}
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(LAUNCHER_PID_ENV) in wanted:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found

@@ -1,7 +1,7 @@
 """The ``quality_results`` platform table, and the queries the UI and the CLI make of it.
 
 One row per expectation per validation, appended under the platform root
-(:mod:`streamlake.operations.records`: ``$STREAMLAKE_HOME/data/_platform`` or an
+(:mod:`streamlake.delta.records`: ``$STREAMLAKE_HOME/data/_platform`` or an
 object-store URI), next to ``consistency_checks``; blind Delta appends, so
 concurrent tasks do not conflict. A *validation* is one suite run on one table's rows; a *run* is
 one operation's validations (:func:`streamlake.quality.validate.validate_operation`).
@@ -20,7 +20,7 @@ the Data Docs folder), ``dag_id``, ``dag_run_id``, ``task_id`` and ``context``
 
 The table grows by a few dozen rows per validation, thousands of validations a
 day on `make run`. Its appends are compacted
-(:func:`streamlake.operations.records.compact_if_needed`), and the queries choose
+(:func:`streamlake.delta.records.compact_if_needed`), and the queries choose
 their validations in Arrow: only the rows of the validations a query returns
 become Python objects.
 """
@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamlake.delta.table import TableSpec
-from streamlake.operations.records import append_rows, platform_rows
+from streamlake.delta.records import append_rows, platform_rows
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -22,44 +22,22 @@ class path and, when either differs or the file is absent, runs without it, sile
 (``-Xshare:auto``, the default). So the option is always passed; ``make setup`` builds
 the archive (:func:`build_archive`), and a JDK or pyspark change only costs the speed
 until it is rebuilt (``python -m streamlake.spark.class_archive --rebuild``).
+
+Where the archive is and the option that maps it (:func:`streamlake.spark.session.class_archive_path`,
+:func:`~streamlake.spark.session.class_archive_option`) are Spark settings: they live with the
+others in :mod:`streamlake.spark.session`; this module builds the archive.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
 import os
 import subprocess
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
-# What the archive run does (a spark-submit entrypoint in jobs/): a session, SQL with a
-# shuffle, Arrow both ways and Python in tasks, a streaming query.
-WARM_UP_JOB = "class_archive_warm_up.py"
-
-
-@functools.lru_cache(maxsize=1)
-def archive_path() -> Path:
-    """Where the archive of this environment's pyspark and of the current warm-up lives (inside
-    the virtualenv: it belongs to the installed jars, not to a user's data)."""
-    from streamlake import config, jars
-
-    try:
-        digest = hashlib.sha256((config.project_root() / "jobs" / WARM_UP_JOB).read_bytes())
-        # the jars on the class path (streamlake.spark.session.spark_class_path) belong to it too
-        digest.update((jars.jar_dir(jars.SPARK) / jars.STAMP).read_bytes())
-        warm_up = digest.hexdigest()[:12]
-    except OSError:  # no warm-up or no jars here: no archive will be built, the JVMs start without one
-        warm_up = "none"
-    return Path(sys.prefix) / "share" / "streamlake" / f"spark-{version('pyspark')}-{warm_up}-classes.jsa"
-
-
-def java_option() -> str:
-    """The JVM option that maps the archive (harmless when it is missing or stale)."""
-    return f"-XX:SharedArchiveFile={archive_path()}"
+from streamlake.spark.session import CLASS_ARCHIVE_WARM_UP_JOB, class_archive_path, job_environment, spark_submit_command
 
 
 def build_archive(rebuild: bool = False, timeout_s: float = 600) -> Path | None:
@@ -68,15 +46,13 @@ def build_archive(rebuild: bool = False, timeout_s: float = 600) -> Path | None:
     (written beside, then renamed), so JVMs starting meanwhile never map half an archive.
     Returns its path, or None when the JVM wrote none (printed why; Spark still works,
     only slower to start)."""
-    from streamlake.spark.session import job_environment, spark_submit_command
-
-    target = archive_path()
+    target = class_archive_path()
     if target.exists() and not rebuild:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     started = time.monotonic()
-    cmd = spark_submit_command(WARM_UP_JOB, [], master="local[2]", class_archive=False,
+    cmd = spark_submit_command(CLASS_ARCHIVE_WARM_UP_JOB, [], master="local[2]", class_archive=False,
                                conf={"spark.driver.defaultJavaOptions": f"-XX:ArchiveClassesAtExit={partial}"})
     done = subprocess.run(cmd, env=job_environment(), capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0 or not partial.exists():

@@ -6,13 +6,17 @@ in-process (tests); both get the same configuration from here.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from streamlake import config
+from streamlake.spark.interpreter import python_executable, spark_python
 
 # Defaults suited to micro-batch ingestion; callers may override any of them.
 SPARK_DEFAULTS: dict[str, str] = {
@@ -99,26 +103,41 @@ def job_defaults(job: str, short_run: bool = False) -> dict[str, str]:
 GC_JAVA_OPTION = "-XX:+UseParallelGC"
 
 
+# The class-data-sharing archive of Spark's JVM classes every Spark JVM maps
+# (streamlake.spark.class_archive builds it, from a run of this warm-up job in jobs/).
+CLASS_ARCHIVE_WARM_UP_JOB = "class_archive_warm_up.py"
+
+
+@functools.lru_cache(maxsize=1)
+def class_archive_path() -> Path:
+    """Where the class archive of this environment's pyspark and of the current warm-up lives
+    (inside the virtualenv: it belongs to the installed jars, not to a user's data)."""
+    from streamlake import jars
+
+    try:
+        digest = hashlib.sha256((config.project_root() / "jobs" / CLASS_ARCHIVE_WARM_UP_JOB).read_bytes())
+        # the jars on the class path (spark_class_path) belong to it too
+        digest.update((jars.jar_dir(jars.SPARK) / jars.STAMP).read_bytes())
+        warm_up = digest.hexdigest()[:12]
+    except OSError:  # no warm-up or no jars here: no archive will be built, the JVMs start without one
+        warm_up = "none"
+    return Path(sys.prefix) / "share" / "streamlake" / f"spark-{version('pyspark')}-{warm_up}-classes.jsa"
+
+
+def class_archive_option() -> str:
+    """The JVM option that maps the class archive (harmless when it is missing or stale)."""
+    return f"-XX:SharedArchiveFile={class_archive_path()}"
+
+
 def spark_defaults(class_archive: bool = True) -> dict[str, str]:
     """SPARK_DEFAULTS plus, for the driver and executor JVMs, the garbage collector
-    (GC_JAVA_OPTION) and the option that maps the class archive
-    (streamlake.spark.class_archive: faster starts, ignored when missing or stale). They go
-    in the ``defaultJavaOptions`` properties, so a job's own ``extraJavaOptions`` keep them."""
+    (GC_JAVA_OPTION) and the option that maps the class archive (:func:`class_archive_option`,
+    built by streamlake.spark.class_archive: faster starts, ignored when missing or stale).
+    They go in the ``defaultJavaOptions`` properties, so a job's own ``extraJavaOptions`` keep them."""
     option = GC_JAVA_OPTION
     if class_archive:
-        from streamlake.spark.class_archive import java_option
-
-        option = f"{java_option()} {option}"
+        option = f"{class_archive_option()} {option}"
     return {**SPARK_DEFAULTS, "spark.driver.defaultJavaOptions": option, "spark.executor.defaultJavaOptions": option}
-
-
-def python_executable() -> str:
-    """The interpreter Spark's Python workers must use (this environment's); never the fork
-    server's launcher (:mod:`streamlake.platform.spark_python`) a driver may have been given."""
-    from streamlake.platform.spark_python import is_launcher
-
-    python = os.environ.get("PYSPARK_PYTHON") or sys.executable
-    return sys.executable if is_launcher(python) else python
 
 
 def spark_class_path(environ: Mapping[str, str] | None = None) -> str:
@@ -179,9 +198,7 @@ def spark_submit_command(job: str, args: Sequence[str], master: str = "local[*]"
     """``spark-submit`` argv for ``jobs/<job>`` with the platform's defaults (spark_defaults(),
     then :func:`job_defaults`, then ``conf``); on a master of this machine where the platform's
     fork server runs, Spark's Python processes start with its launcher
-    (:func:`streamlake.platform.spark_python.spark_python`)."""
-    from streamlake.platform.spark_python import spark_python
-
+    (:func:`streamlake.spark.interpreter.spark_python`)."""
     settings = {**spark_defaults(class_archive), **job_defaults(job, short_run), **(conf or {})}
     python = spark_python(master)
     if python != python_executable() and "spark.pyspark.python" not in settings:
@@ -243,8 +260,6 @@ def get_spark(app_name: str = "streamlake", master: str | None = None, conf: Map
         for key in ("spark.sql.session.timeZone", "spark.sql.shuffle.partitions"):
             builder = builder.config(key, {**SPARK_DEFAULTS, **(conf or {})}[key])
         return builder.getOrCreate()
-    from streamlake.platform.spark_python import spark_python
-
     os.environ.setdefault("PYSPARK_PYTHON", python_executable())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python_executable())
     os.environ["SPARK_DIST_CLASSPATH"] = spark_class_path()  # read by the JVM this may start

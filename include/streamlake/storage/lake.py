@@ -7,7 +7,7 @@
     ``abfss://`` likewise).
 ``STREAMLAKE_PLATFORM_ROOT``
     The platform's own tables (the ledger of proofs, the checks, the operations, the
-    quality results; :mod:`streamlake.operations.records`). Default:
+    quality results; :mod:`streamlake.delta.records`). Default:
     ``<lake root>/_platform``. On a cluster every machine must name the same one.
 ``STREAMLAKE_STORAGE_OPTIONS``
     Public storage options of both roots, comma-separated ``KEY=VALUE``

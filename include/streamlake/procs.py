@@ -4,6 +4,13 @@ Every service runs in its own session (process group), and its state file
 records pid, process group and start time. Stopping sends SIGTERM to the group,
 waits, then SIGKILLs the group and any descendant that left it, so nothing a
 service started keeps running (Airflow and Spark both fork helpers).
+
+Also the process tree as Spark sees it (:func:`spark_lineage`, :func:`forked_below`): a
+process the platform's fork server forked for one of Spark's launchers
+(:mod:`streamlake.platform.fork_server`, :mod:`streamlake.platform.spark_python`) is not a
+child of the launcher Spark started, but its environment names it
+(:data:`LAUNCHER_PID_ENV`). A top-level helper: the platform's services, the crash points
+(:mod:`streamlake.faults`) and Spark's interpreter (:mod:`streamlake.spark.interpreter`) use it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from typing import Mapping, Sequence
 import psutil
 
 from streamlake import config
+
+# Set in the environment of a process the fork server forks for a launcher (inherited by what it
+# forks): the pid of the launcher Spark started, where the process tree as Spark sees it goes on.
+LAUNCHER_PID_ENV = "STREAMLAKE_SPARK_LAUNCHER_PID"
 
 
 @dataclass
@@ -155,3 +166,28 @@ def accepts_connections(port: int, host: str = "127.0.0.1") -> bool:
             return True
     except OSError:
         return False
+
+
+def spark_lineage() -> list:
+    """This process's ancestors (psutil.Process, nearest first), then, for a process the fork
+    server forked for a launcher (or one forked below it), that launcher and its ancestors:
+    where the Spark application that started it is found."""
+    lineage = psutil.Process().parents()
+    try:
+        launcher = psutil.Process(int(os.environ[LAUNCHER_PID_ENV]))
+        return [*lineage, launcher, *launcher.parents()]
+    except (KeyError, ValueError, psutil.Error):
+        return lineage
+
+
+def forked_below(pids) -> list:
+    """The processes the fork server forked for any launcher among ``pids``, and theirs."""
+    wanted = {str(pid) for pid in pids}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(LAUNCHER_PID_ENV) in wanted:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
