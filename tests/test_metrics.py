@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import replace
@@ -170,6 +171,71 @@ def test_checks_and_quality_results_as_recorded(lake):
     assert one(samples, "streamlake_quality_success_ratio", **labels) == 0.5
     assert one(samples, "streamlake_quality_critical_failures", **labels) == 1
     assert one(samples, "streamlake_quality_timestamp_seconds", **labels) == at.timestamp()
+
+
+def _prometheus(port: int, path: str):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+        return json.loads(answer.read())["data"]
+
+
+def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake):
+    """`streamlake metrics start` as make run calls it: the exporter and Debian's Prometheus as
+    platform services; Prometheus's API returns the lake's values (rows, lag, quarantine by
+    reason, as the test computes them) and holds the alert rules. A port in use is one line."""
+    from streamlake.monitoring import services
+
+    if not services.prometheus_binary().exists():
+        pytest.skip("Prometheus is not installed in .venv/prometheus (make setup unpacks Debian's package)")
+    job, first, second = lake["job"], lake["first"], lake["second"]
+    exporter_port, prometheus_port = _free_port(), _free_port()
+    up, missing = services.start(exporter_port, prometheus_port, scrape_interval="2s")
+    try:
+        assert not missing and len(up) == 2, up + missing
+        topic = job.source_topics[0]
+        malformed = collections.Counter(r["reason"] for r in first if r["kind"] == "malformed")
+        arrived = collections.Counter(r["partition"] for r in second)
+        queries = {f'streamlake_table_rows_total{{pipeline="{job.name}",table="bronze"}}': {(): FIRST},
+                   f'streamlake_kafka_lag_records{{pipeline="{job.name}",topic="{topic}"}}': {
+                       (("partition", str(p)),): arrived[p] for p in range(3)},
+                   f'streamlake_quarantine_records_total{{pipeline="{job.name}"}}': {
+                       (("reason", r),): n for r, n in malformed.items()}}
+        drop = {"__name__", "pipeline", "table", "topic", "job", "instance"}
+        deadline = time.monotonic() + 90
+        while True:
+            found = {q: {tuple(sorted((k, v) for k, v in r["metric"].items() if k not in drop)): float(r["value"][1])
+                         for r in _prometheus(prometheus_port, "/api/v1/query?" + urllib.parse.urlencode(
+                             {"query": q}))["result"]} for q in queries}
+            if found == queries or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert found == queries
+        rules = {r["name"] for g in _prometheus(prometheus_port, "/api/v1/rules")["groups"] for r in g["rules"]}
+        assert {"StreamLakeKafkaLagGrowing", "StreamLakeBronzeNoCommit", "StreamLakeStageNotConsuming",
+                "StreamLakeCheckFailed", "StreamLakeCriticalQualityExpectationFailed",
+                "StreamLakeQuarantineHigh", "pipeline:streamlake_quarantine_ratio:15m"} <= rules
+        # the check made to fail by the test before fires its alert (no `for:`)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            firing = {(a["labels"]["alertname"], a["labels"].get("pipeline")) for a in
+                      _prometheus(prometheus_port, "/api/v1/alerts")["alerts"] if a["state"] == "firing"}
+            if ("StreamLakeCheckFailed", job.name) in firing:
+                break
+            time.sleep(1)
+        assert ("StreamLakeCheckFailed", job.name) in firing
+        assert ("StreamLakeCriticalQualityExpectationFailed", job.name) in firing
+    finally:
+        services.stop()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        up, missing = services.start(_free_port(), busy)
+        try:
+            assert [line.split(":")[0] for line in up] == ["Metrics exporter"]
+            assert missing == [f"Prometheus:        NOT STARTED: port {busy} on 127.0.0.1 is already in use "
+                               f"(`ss -ltnp 'sport = :{busy}'` names the process)"]
+        finally:
+            services.stop()
 
 
 def test_a_new_run_moves_every_value_and_a_fresh_exporter_agrees(spark, lake):

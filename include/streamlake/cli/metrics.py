@@ -1,4 +1,5 @@
-"""``streamlake metrics serve [--port 9464] [--address 127.0.0.1]`` and ``streamlake metrics show``:
+"""``streamlake metrics serve [--port 9464] [--address 127.0.0.1]``, ``start``/``stop`` (the exporter and
+Prometheus as services: `make run`, `make stop`) and ``streamlake metrics show``:
 the platform's metrics for Prometheus (:mod:`streamlake.monitoring`). Every value is computed
 on each scrape from the Delta logs, the platform's tables, Kafka's end offsets and the job
 specs; ``show`` prints one scrape and how long it took."""
@@ -48,6 +49,26 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_start(args) -> int:
+    from streamlake.monitoring import services
+
+    up, missing = services.start(args.port, args.prometheus_port)
+    for line in up + missing:
+        print(line, flush=True)
+    if missing:
+        print("Monitoring:        the rest of the platform runs without what is missing above "
+              "(`streamlake metrics start` again once it is fixed)", flush=True)
+    return 1 if missing else 0
+
+
+def cmd_stop(args) -> int:
+    from streamlake.monitoring import services
+
+    stopped = services.stop()
+    print("stopped: " + (", ".join(stopped) or "nothing was running"))
+    return 0
+
+
 def add_parsers(sub) -> None:
     from streamlake.monitoring.exporter import DEFAULT_ADDRESS, DEFAULT_PORT
 
@@ -57,6 +78,13 @@ def add_parsers(sub) -> None:
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     s.add_argument("--address", default=DEFAULT_ADDRESS, help=f"address to bind (default {DEFAULT_ADDRESS})")
     s.set_defaults(func=cmd_serve)
+    s = msub.add_parser("start", help="start the exporter and Prometheus as platform services (make run; make stop "
+                                      "stops them)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the exporter's port (default {DEFAULT_PORT})")
+    s.add_argument("--prometheus-port", type=int, default=9090, help="Prometheus's port (default 9090)")
+    s.set_defaults(func=cmd_start)
+    s = msub.add_parser("stop", help="stop the exporter and Prometheus")
+    s.set_defaults(func=cmd_stop)
     s = msub.add_parser("show", help="print one scrape and, on stderr, the time it took")
     s.add_argument("--job", action="append", help="only this job (repeatable; default every job)")
     s.set_defaults(func=cmd_show)
