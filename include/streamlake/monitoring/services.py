@@ -55,12 +55,15 @@ def _listening(port: int, address: str = ADDRESS) -> bool:
         return s.connect_ex((address, port)) == 0
 
 
-def prometheus_config(exporter_port: int, prometheus_port: int, scrape_interval: str | None = None) -> str:
-    """``monitoring/prometheus.yml`` for these ports, its rule files as absolute paths."""
+def prometheus_config(exporter_port: int, prometheus_port: int, scrape_interval: str | None = None,
+                      rules_dir: Path | None = None) -> str:
+    """``monitoring/prometheus.yml`` for these ports, its rule files as absolute paths (the
+    same files' names in ``rules_dir`` when given: a test's copies with shorter ``for:``)."""
     import yaml
 
     conf = yaml.safe_load((monitoring_dir() / "prometheus.yml").read_text())
-    conf["rule_files"] = [str(monitoring_dir() / f) for f in conf.get("rule_files", [])]
+    conf["rule_files"] = [str(rules_dir / Path(f).name if rules_dir else monitoring_dir() / f)
+                          for f in conf.get("rule_files", [])]
     if scrape_interval:
         conf["global"].update(scrape_interval=scrape_interval, evaluation_interval=scrape_interval,
                               scrape_timeout=scrape_interval)
@@ -71,8 +74,10 @@ def prometheus_config(exporter_port: int, prometheus_port: int, scrape_interval:
 
 
 def start(exporter_port: int = 9464, prometheus_port: int = PROMETHEUS_PORT,
-          scrape_interval: str | None = None, timeout_s: float = 60.0) -> tuple[list[str], list[str]]:
-    """Start the exporter and Prometheus unless they run; (what runs, what is missing and why)."""
+          scrape_interval: str | None = None, timeout_s: float = 60.0,
+          rules_dir: Path | None = None) -> tuple[list[str], list[str]]:
+    """Start the exporter and Prometheus unless they run; (what runs, what is missing and why).
+    ``scrape_interval`` and ``rules_dir``: see :func:`prometheus_config`."""
     from streamlake import procs
 
     up, missing = [], []
@@ -104,7 +109,7 @@ def start(exporter_port: int = 9464, prometheus_port: int = PROMETHEUS_PORT,
         home = config.home() / "prometheus"
         (home / "data").mkdir(parents=True, exist_ok=True)
         conf = home / "prometheus.yml"
-        conf.write_text(prometheus_config(exporter_port, prometheus_port, scrape_interval))
+        conf.write_text(prometheus_config(exporter_port, prometheus_port, scrape_interval, rules_dir))
         try:
             procs.start_until_ready(PROMETHEUS, [str(binary), f"--config.file={conf}",
                                                  f"--storage.tsdb.path={home / 'data'}",
