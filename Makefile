@@ -44,11 +44,12 @@ LAKE ?= local
 S3_HOME := $(CURDIR)/.streamlake-s3
 
 # Then the metrics exporter (127.0.0.1:9464) and Prometheus (127.0.0.1:9090, monitoring/): a port
-# in use or a Prometheus that does not start is one line, and the rest of the platform runs.
+# in use or a Prometheus that does not start is one line, and the rest of the platform runs. On
+# S3 the exporter gets the lake's settings from lake.env (written by `streamlake platform --lake s3`).
 run: setup
 ifeq ($(LAKE),s3)
 	STREAMLAKE_HOME=$${STREAMLAKE_HOME:-$(S3_HOME)} $(BIN)/streamlake platform --lake s3
-	-@STREAMLAKE_HOME=$${STREAMLAKE_HOME:-$(S3_HOME)} $(BIN)/streamlake metrics start
+	-@. "$${STREAMLAKE_HOME:-$(S3_HOME)}/lake.env" && $(BIN)/streamlake metrics start
 else
 	$(BIN)/streamlake platform --lake $(LAKE)
 	-@$(BIN)/streamlake metrics start
