@@ -21,6 +21,7 @@ import pytest
 
 from streamlake.platform.fork_server import PRELOAD, run_client, socket_path
 from streamlake.platform.spark_python import write_launcher
+from streamlake.procs import LAUNCHER_PID_ENV
 
 APPS = {
     "echo.py": """
@@ -60,7 +61,8 @@ APPS = {
 
 
 # A module run as `python -m forkprobe CODE` (how Spark starts its Python processes, with
-# its standard input, output and error): what it got and who its parent is.
+# its standard input, output and error): what it got, who its parent is and which launcher
+# started it (the process tree as Spark sees it: streamlake.procs.spark_lineage).
 PROBE = """
     import os, signal, sys, time
     print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("FORK_TEST"), flush=True)
@@ -68,11 +70,11 @@ PROBE = """
     print("to stderr", file=sys.stderr, flush=True)
     print("signals", [str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)], flush=True)
     print("parent", os.getppid(), flush=True)
-    print("pid", os.getpid(), flush=True)
+    print("pid", os.getpid(), "launcher", os.environ.get(PID_ENV), flush=True)
     if sys.argv[1] == "sleep":
         time.sleep(60)
     sys.exit(int(sys.argv[1]))
-"""
+""".replace("PID_ENV", repr(LAUNCHER_PID_ENV))
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +296,8 @@ def test_a_signal_to_the_launcher_reaches_its_child_and_is_its_exit(server, tmp_
     child = int(lines[-1].split()[1])
     forked = psutil.Process(child)
     assert forked.ppid() == int((root / "server.pid").read_text())
+    # The process tree as Spark sees it goes on through the launcher (the crash points kill by it).
+    assert lines[-1].split()[2:] == ["launcher", str(proc.pid)], "the launcher names itself to its child"
     proc.send_signal(15)
     assert proc.wait(30) == -15, "the launcher ends as its child did: by SIGTERM"
     wait_ended(forked, 10, "the child outlived the signal")
