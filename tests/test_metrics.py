@@ -319,6 +319,20 @@ def test_one_scrape_of_two_pipelines_is_timed_and_under_two_seconds_once_warm(sp
     assert sorted(warm)[1] < 2.0
 
 
+def test_kafka_not_answering_is_a_scrape_error_and_the_rest_is_reported(lake, monkeypatch):
+    job = lake["job"]
+    monkeypatch.setenv("STREAMLAKE_KAFKA_BOOTSTRAP", f"127.0.0.1:{_free_port()}")
+    import logging
+
+    logging.getLogger("streamlake.librdkafka").setLevel(logging.CRITICAL)
+    collector = PlatformCollector(jobs=lambda: [job.name], kafka_timeout_ms=1000)
+    samples = scrape(collector)
+    assert values(samples, "streamlake_scrape_errors", pipeline=job.name) == {(("part", "kafka"),): 1}
+    assert not values(samples, "streamlake_kafka_lag_records", pipeline=job.name)
+    assert one(samples, "streamlake_table_rows_total", pipeline=job.name, table="bronze") >= FIRST
+    assert collector.last_duration_s < 10
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

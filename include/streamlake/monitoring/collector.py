@@ -191,6 +191,7 @@ class PlatformCollector:
     def collect(self) -> Iterator:
         with self._lock:
             started = time.monotonic()
+            self._unanswered: dict[tuple, str] = {}  # Kafka clusters that did not answer this scrape
             families = self._families()
             for name in self._job_names(families):
                 try:
@@ -310,6 +311,7 @@ class PlatformCollector:
     def _kafka(self, families, job, bronze) -> None:
         """Lag per partition of the job's topics: records and seconds."""
         from streamlake.delta.txn import committed_offsets
+        from streamlake.errors import KafkaUnavailableError
         from streamlake.kafka.client import API_TIMEOUT_PROPERTY, KafkaMetadataClient, client_config
 
         topics = sorted(set(job.source_topics))
@@ -318,12 +320,19 @@ class PlatformCollector:
         conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
         conf[API_TIMEOUT_PROPERTY] = str(min(int(conf.get(API_TIMEOUT_PROPERTY, self._kafka_timeout_ms)),
                                              self._kafka_timeout_ms))
-        with KafkaMetadataClient(conf) as kafka:
-            tps = kafka.partitions(topics=topics)
-            ends = kafka.latest(tps)
-            nexts = committed_offsets(bronze, tps) if bronze is not None else {}
-            missing = [tp for tp in tps if tp not in nexts]
-            nexts.update(kafka.earliest(missing) if missing else {})
+        key = tuple(sorted(conf.items()))
+        if key in self._unanswered:  # a cluster that did not answer this scrape is not waited for twice
+            raise KafkaUnavailableError(f"{self._unanswered[key]} (an earlier job's request in this scrape)")
+        try:
+            with KafkaMetadataClient(conf) as kafka:
+                tps = kafka.partitions(topics=topics)
+                ends = kafka.latest(tps)
+                nexts = committed_offsets(bronze, tps) if bronze is not None else {}
+                missing = [tp for tp in tps if tp not in nexts]
+                nexts.update(kafka.earliest(missing) if missing else {})
+        except KafkaUnavailableError as exc:
+            self._unanswered[key] = str(exc)
+            raise
         now = self._now()
         for tp in tps:
             end, nxt = ends.get(tp), nexts.get(tp)
