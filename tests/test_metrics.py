@@ -92,11 +92,22 @@ def lake(spark, broker, tmp_path_factory):
     from streamlake.kafka.producer import produce_records
 
     work = tmp_path_factory.mktemp("metrics")
-    run = run_pipeline(spark, "sensors", work, FIRST, malformed_fraction=0.2)
+    run = run_pipeline(spark, "sensors", work, FIRST, malformed_fraction=0.2, late_fraction=0.1,
+                       out_of_order_seconds=5)
     second = work / "second.jsonl"
     produce_records(run["definition"], run["job"].source_topics[0], SECOND, partitions=3, seed=74, progress=False,
-                    value_bytes=100, manifest_path=second)
+                    value_bytes=100, manifest_path=second, late_fraction=0.3)
     return {**run, "second": manifest(second)}
+
+
+def pending(lake: dict, aggregate: str) -> int:
+    """Late events of ``aggregate`` not applied: read by the test from the table's rows."""
+    from streamlake.delta.table import open_table, parquet_dataset, snapshot_files
+
+    agg = next(a for a in lake["definition"].aggregates if a.name == aggregate)
+    files = snapshot_files(open_table(lake["job"].table_path(agg.late_table)))
+    rows = parquet_dataset(files).to_table(columns=["applied"]).column("applied").to_pylist() if files else []
+    return sum(1 for applied in rows if not applied)
 
 
 def test_the_exporter_reports_what_the_test_produced(lake):
@@ -141,7 +152,7 @@ def test_the_exporter_reports_what_the_test_produced(lake):
     assert lags == {(("aggregate", ""), ("stage", "silver")): 0,
                     **{(("aggregate", a), ("stage", "gold")): 0 for a in aggregates}}, lags
     for a in aggregates:
-        assert one(samples, "streamlake_late_events_pending", pipeline=job.name, aggregate=a) == 0
+        assert one(samples, "streamlake_late_events_pending", pipeline=job.name, aggregate=a) == pending(lake, a)
         assert one(samples, "streamlake_watermark_timestamp_seconds", pipeline=job.name, aggregate=a) > 0
 
     # micro-batches: bronze read FIRST rows, silver the same FIRST bronze rows
@@ -296,6 +307,10 @@ def test_a_new_run_moves_every_value_and_a_fresh_exporter_agrees(spark, lake):
         (("reason", reason),): n for reason, n in malformed.items()}
     assert list(values(after, "streamlake_batch_input_rows_total", pipeline=job.name,
                        stage="bronze").values()) == [len(produced)]
+    for agg in lake["definition"].aggregates:
+        assert one(after, "streamlake_late_events_pending", pipeline=job.name, aggregate=agg.name) == \
+            pending(lake, agg.name)
+    assert sum(pending(lake, a.name) for a in lake["definition"].aggregates) > 0, "late events were produced"
 
 
 def test_one_scrape_of_two_pipelines_is_timed_and_under_two_seconds_once_warm(spark, lake, tmp_path_factory):

@@ -42,8 +42,9 @@ Cost: every scrape opens each table's newest log entries (delta-rs ``update_incr
 on a table kept open), one ListOffsets per job, and reads data only where the answer
 changed: row counts come from the log, quarantine reasons are counted in the files the
 commits since the previous scrape added (everything again only after a commit that
-removed rows), pending late events and check/quality results again only when their table
-has a new version, progress lines only past where the previous scrape stopped. A restart
+removed rows; a backfill marking late events applied is one), pending late events the same
+way, check/quality results again only when their table has a new version, progress
+lines only past where the previous scrape stopped. A restart
 reads everything once. The caches never change an answer: each is keyed by the version (or
 file size) it was computed at.
 """
@@ -376,7 +377,6 @@ class PlatformCollector:
 
     def _aggregate(self, families, pipeline: str, definition, agg, tables: dict, opened: dict) -> None:
         from streamlake.pipeline.gold import watermark_ms
-        from streamlake.pipeline.late_events import pending_count
 
         gold = opened.get(agg.gold_table)
         if gold is not None:
@@ -386,9 +386,12 @@ class PlatformCollector:
         late = opened.get(agg.late_table)
         if late is not None:
             path = tables[agg.late_table]
-            pending = self._cached("pending", path, late.version(),
-                                   lambda _prev: pending_count(definition, agg, path))
-            families["streamlake_late_events_pending"].add_metric([pipeline, agg.name], pending)
+            # pending: the rows not applied (what pipeline.late_events.pending_count counts), counted
+            # in the files appended since the last scrape: late_events gets a commit every batch
+            applied = self._cached("applied", path, late.version(),
+                                   lambda prev: count_by_value(path, late, "applied", prev))
+            families["streamlake_late_events_pending"].add_metric(
+                [pipeline, agg.name], applied.get(False, 0) + applied.get(None, 0))
 
     def _quarantine(self, families, pipeline: str, path: str, table) -> None:
         counts = self._cached("reasons", path, table.version(),
