@@ -663,8 +663,8 @@ async def trigger_backfill(request: Request) -> HTMLResponse:
 
 
 def _pipeline_overview(name: str) -> dict:
-    """One pipeline as the Pipelines view shows it: definition, tables with their Delta
-    versions, pending late events per aggregate, latest checks and quality. A table the
+    """One pipeline as the Pipelines view shows it: gold's freshness, definition, tables with
+    their Delta versions, pending late events per aggregate, latest checks and quality. A table the
     process cannot reach (a store without credentials here) shows as unreachable."""
     import logging
 
@@ -706,7 +706,7 @@ def _pipeline_overview(name: str) -> dict:
         key = (row.get("kind") or "kafka-audit", _table_of(row.get("table_path")))
         last_checks.setdefault(key, row)
     quality = {v["table_name"]: v["status"] for v in latest(None, name)}
-    return {"name": name, "definition": definition.source if definition else job.definition_file,
+    return {"freshness_s": _freshness(job), "name": name, "definition": definition.source if definition else job.definition_file,
             "definition_error": file_error,
             "description": definition.description if definition else "",
             "topics": job.source_topics if definition or not job.definition_file else [],
@@ -717,6 +717,28 @@ def _pipeline_overview(name: str) -> dict:
             "checks": [{"check": CHECK_NAMES.get(kind, kind), "table": table, "verdict": r["verdict"],
                         "checked_at": r["checked_at"]} for (kind, table), r in last_checks.items()],
             "quality": quality}
+
+
+def _freshness(job):
+    """Gold's freshness in seconds (streamlake.monitoring.freshness), or why there is none."""
+    import logging
+
+    from streamlake.monitoring.freshness import gold_freshness_s
+
+    try:
+        return round(gold_freshness_s(job, timeout_ms=3_000), 1)
+    except FileNotFoundError:
+        return "no tables yet"
+    except Exception as exc:  # noqa: BLE001 - Kafka or the store unreachable: this pipeline says so
+        logging.getLogger(__name__).warning("pipeline %s: freshness unknown: %s", job.name, exc)
+        return f"unknown: {type(exc).__name__}"
+
+
+def _freshness_html(value) -> str:
+    if isinstance(value, (int, float)):
+        return (f"gold <b class='freshness'>{value:.1f} s</b> behind Kafka's newest record "
+                "<span class='muted'>(the age of the oldest record a gold table does not hold yet)</span>")
+    return f"gold freshness: <span class='freshness'>{html.escape(str(value))}</span>"
 
 
 def _definition_error(error: str | None) -> str:
@@ -770,7 +792,8 @@ def pipelines(request: Request) -> HTMLResponse:
             f"<span class='muted'>{'running' if p['running'] else 'idle'}</span></h2>"
             f"<p>{html.escape(p['description'])}</p><p class='muted'>topics {html.escape(', '.join(p['topics']))} · "
             f"root <code>{html.escape(p['root'])}</code> · definition <code>{html.escape(p['definition'] or '-')}"
-            f"</code></p>{_definition_error(p['definition_error'])}<p>{links}</p><ul>{aggs}</ul>"
+            f"</code></p><p>{_freshness_html(p['freshness_s'])}</p>"
+            f"{_definition_error(p['definition_error'])}<p>{links}</p><ul>{aggs}</ul>"
             + _table(["table", "SQL name", "Delta version", "latest quality", "late events pending"], rows, "")
             + _table(["check", "table", "verdict", "checked at"], checks_rows, "No checks recorded yet.")
             + "</section>")

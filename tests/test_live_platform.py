@@ -214,6 +214,10 @@ def test_the_views_read_well_in_the_browser(live_platform, page):
     for name in PIPELINES:
         expect(page.locator(f"[data-pipeline={name}]")).to_be_visible()
     expect(page.locator("[data-pipeline=orders]")).to_contain_text("gold/activity")
+    # gold's freshness, read from Kafka and the tables by the views' process (its value against
+    # records of known age: test_pipelines.py)
+    for name in PIPELINES:
+        expect(page.locator(f"[data-pipeline={name}] b.freshness")).to_have_text(re.compile(r"^\d+\.\d s$"))
     page.screenshot(path=shot("07-pipelines"), full_page=True)
 
     # Late events of the orders pipeline, one section per aggregate.

@@ -436,6 +436,29 @@ def test_a_users_optimize_through_delta_spark_keeps_every_position_and_proof(spa
     assert all(c["passed"] for c in proof["checks"]), proof["checks"]
 
 
+def test_gold_freshness_is_the_age_of_the_oldest_record_gold_lacks(pipeline_run, broker):
+    """What the Pipelines view shows as gold's freshness: 0 s once gold holds every record
+    Kafka holds; then, with records the pipeline has not run on, produced with timestamps
+    the test sets (90, 60 and 30 s ago, one per partition), the age of the oldest of them.
+    (The last test of its pipeline: nothing runs on that topic after it.)"""
+    from confluent_kafka import Producer
+
+    from streamlake.monitoring.freshness import gold_freshness_s
+
+    run = pipeline_run
+    if run.name != "sensors":
+        pytest.skip("one pipeline suffices: the positions followed are those of every definition")
+    job = run.job
+    assert gold_freshness_s(job) == 0.0
+    now_ms = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": broker, "enable.idempotence": True})
+    for partition, age_s in enumerate((90, 60, 30)):
+        producer.produce(run.definition.topics[0], b'{"not": "run yet"}', partition=partition,
+                         timestamp=now_ms - age_s * 1000)
+    assert producer.flush(30) == 0
+    assert gold_freshness_s(job, now=now_ms / 1000) == pytest.approx(90.0, abs=0.01)
+
+
 def test_a_kill_while_a_stage_planned_its_first_batch_does_not_block_the_restart(spark, produce, topic_name,
                                                                                    tmp_path):
     """A job SIGKILLed while Spark wrote a stage's first offset-log entry leaves the entry's

@@ -113,6 +113,9 @@ def test_the_pipelines_view_lists_every_definition_with_its_tables(client):
     api = {p["name"]: p for p in client.get("/api/pipelines").json()}
     assert set(api["sensors"]["aggregates"]) == {"per_minute"}
     assert api["orders"]["topics"] == ["orders"]
+    # gold's freshness (its value on a running pipeline: test_pipelines.py, test_live_platform.py)
+    assert api["orders"]["freshness_s"] == "no tables yet"
+    assert "gold freshness: <span class='freshness'>no tables yet</span>" in orders
 
 
 def test_a_definition_that_does_not_load_is_listed_with_why_and_the_others_stay(client, tmp_path, monkeypatch):
