@@ -165,13 +165,13 @@ def test_the_exporter_reports_what_the_test_produced(lake):
     assert batches == sum(1 for x in progress if x.get("stage", "bronze") == "bronze") >= 1
 
 
-def test_checks_and_quality_results_as_recorded(lake):
-    from streamlake.operations.consistency import check_consistency, record_pipeline_check
+def record_failures(lake: dict) -> tuple[str, str, dt.datetime]:
+    """A failed gold check and a validation of silver failing one of two critical and one of two
+    warning expectations, recorded in the platform's tables; (gold table, suite, validated at)."""
+    from streamlake.operations.consistency import record_pipeline_check
     from streamlake.quality.results import append_results
 
     job = lake["job"]
-    audit = check_consistency(job, "metrics-test")  # the real Kafka audit of bronze, recorded
-    assert audit.passed, audit.summary
     gold = lake["definition"].aggregates[0].gold_table
     record_pipeline_check(job, "metrics-test", "gold", False, "made to fail by the test", {}, {},
                           table_path=job.table_path(gold))
@@ -184,6 +184,16 @@ def test_checks_and_quality_results_as_recorded(lake):
                     {**base, "expectation_key": "b", "severity": "critical", "success": False},
                     {**base, "expectation_key": "c", "severity": "warning", "success": True},
                     {**base, "expectation_key": "d", "severity": "warning", "success": False}])
+    return gold, suite, at
+
+
+def test_checks_and_quality_results_as_recorded(lake):
+    from streamlake.operations.consistency import check_consistency
+
+    job = lake["job"]
+    audit = check_consistency(job, "metrics-test")  # the real Kafka audit of bronze, recorded
+    assert audit.passed, audit.summary
+    gold, suite, at = record_failures(lake)
     samples = scrape(PlatformCollector(jobs=lambda: [job.name]))
     assert one(samples, "streamlake_check_success", pipeline=job.name, check="kafka-audit", table="bronze") == 1
     assert one(samples, "streamlake_check_success", pipeline=job.name, check="gold", table=gold) == 0
@@ -218,6 +228,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         text = re.sub(r"for: \w+", "for: 0s", path.read_text())
         (rules / path.name).write_text(text.replace("pipeline:streamlake_bronze_commit_age_seconds > 900",
                                                     "pipeline:streamlake_bronze_commit_age_seconds > 5"))
+    record_failures(lake)  # what the check and critical-expectation alerts fire on
     exporter_port, prometheus_port = _free_port(), _free_port()
     up, missing = services.start(exporter_port, prometheus_port, scrape_interval="2s", rules_dir=rules)
     try:
@@ -244,7 +255,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         assert {"StreamLakeKafkaLagGrowing", "StreamLakeBronzeNoCommit", "StreamLakeStageNotConsuming",
                 "StreamLakeCheckFailed", "StreamLakeCriticalQualityExpectationFailed",
                 "StreamLakeQuarantineHigh", "pipeline:streamlake_quarantine_ratio:15m"} <= rules
-        # the check made to fail by the test before fires its alert (no `for:`)
+        # the recorded failures fire their alerts
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             firing = {(a["labels"]["alertname"], a["labels"].get("pipeline")) for a in

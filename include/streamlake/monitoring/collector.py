@@ -8,7 +8,8 @@ Per job (every job :func:`streamlake.operations.jobs.list_jobs` knows, label ``p
     committed counts from Kafka's log start.
 ``streamlake_kafka_lag_seconds{topic,partition}``
     the age of the oldest record not yet in bronze: now minus the timestamp of the record
-    at bronze's next offset (one fetch per partition that lags; 0 when none lags).
+    at bronze's next offset, or at Kafka's log start if retention deleted that one (one
+    fetch per partition that lags; 0 when none lags).
 ``streamlake_table_rows_total{table}``, ``streamlake_table_version{table}``,
 ``streamlake_last_commit_timestamp_seconds{table}``
     from each table's Delta log: rows are the sum of the snapshot's ``add`` statistics
@@ -331,6 +332,9 @@ class PlatformCollector:
                 nexts = committed_offsets(bronze, tps) if bronze is not None else {}
                 missing = [tp for tp in tps if tp not in nexts]
                 nexts.update(kafka.earliest(missing) if missing else {})
+                # where the oldest record still held starts (retention may have deleted bronze's next)
+                lagging = [tp for tp in tps if tp in ends and tp in nexts and ends[tp] > nexts[tp]]
+                starts = kafka.earliest(lagging) if lagging else {}
         except KafkaUnavailableError as exc:
             self._unanswered[key] = str(exc)
             raise
@@ -346,7 +350,7 @@ class PlatformCollector:
                 families["streamlake_kafka_lag_seconds"].add_metric(labels, 0.0)
                 continue
             try:
-                ts = oldest_timestamp_s(conf, tp, nxt, end)
+                ts = oldest_timestamp_s(conf, tp, max(nxt, starts.get(tp, nxt)), end)
             except Exception as exc:  # noqa: BLE001 - the records count stays; the age is absent
                 self._error(families, job.name, f"kafka age {tp}", exc)
                 continue
