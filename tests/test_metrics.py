@@ -389,3 +389,24 @@ def test_serve_answers_prometheus_and_a_taken_port_is_one_clear_error(lake):
         f"error: PortInUseError: port {busy} on 127.0.0.1 is already in use: the metrics exporter cannot serve "
         f"there (another `streamlake metrics serve`? `ss -ltnp 'sport = :{busy}'` names the process; --port "
         "chooses another)"]
+
+
+def test_a_table_deleted_and_made_again_is_not_answered_from_the_old_ones_cache(tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from streamlake.monitoring.collector import table_rows
+
+    path = str(tmp_path / "t")
+    collector = PlatformCollector(jobs=lambda: [])
+    rows = lambda: collector._cached("rows", path, (t := collector._table(path)).version(),  # noqa: E731
+                                     lambda _prev: table_rows(t))
+    write_deltalake(path, pa.table({"x": [1, 2, 3]}))
+    assert rows() == 3
+    shutil.rmtree(path)
+    write_deltalake(path, pa.table({"x": [1, 2, 3, 4, 5]}))  # version 0 again
+    assert rows() == 5
+    write_deltalake(path, pa.table({"x": [6]}), mode="append")
+    assert rows() == 6

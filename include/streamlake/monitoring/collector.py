@@ -182,7 +182,7 @@ class PlatformCollector:
         self._now = now
         self._kafka_timeout_ms = kafka_timeout_ms
         self._lock = threading.Lock()
-        self._tables: dict[str, object] = {}  # path -> DeltaTable, kept open, updated each scrape
+        self._tables: dict[str, tuple] = {}  # path -> (DeltaTable, first commit's identity), kept open
         self._cache: dict[tuple, tuple[int, object]] = {}  # (what, path) -> (version, value)
         self._progress: dict[str, _Progress] = {}
         self.last_duration_s: float | None = None
@@ -243,29 +243,34 @@ class PlatformCollector:
             self._error(families, pipeline, part, exc)
 
     def _table(self, path: str):
-        """The table at ``path``, at its newest version (kept open between scrapes).
-        Raises FileNotFoundError when there is none yet."""
+        """The table at ``path``, at its newest version (kept open between scrapes, reopened
+        when its first commit file is not the one it was opened with: a table deleted and made
+        again). Raises FileNotFoundError when there is none yet."""
         from streamlake.delta.table import open_table
 
-        table = self._tables.get(path)
-        if table is not None:
+        identity = _first_commit_identity(path)
+        kept = self._tables.get(path)
+        if kept is not None and kept[1] == identity:
             try:
-                table.update_incremental()
-                return table
-            except Exception:  # noqa: BLE001 - replaced, restored from elsewhere...: open again
-                self._tables.pop(path, None)
+                kept[0].update_incremental()
+                return kept[0]
+            except Exception:  # noqa: BLE001 - open it again below
+                pass
+        self._tables.pop(path, None)
         table = open_table(path)
-        self._tables[path] = table
+        self._tables[path] = (table, identity)
         return table
 
     def _cached(self, what: str, path: str, version: int, compute: Callable[[tuple[int, object] | None], object]):
-        """``compute(previous)`` unless the value at ``version`` is cached; ``previous``
-        is the cached (version, value) of an older version, or None."""
-        key = (what, path)
+        """``compute(previous)`` unless the value at ``version`` of the table at ``path`` (the
+        one open now: its id is part of the key) is cached; ``previous`` is the cached
+        (version, value) of an older version of the same table, or None."""
+        kept = self._tables.get(path)
+        key = (what, path, kept[0].metadata().id if kept else None)
         hit = self._cache.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        value = compute(hit)
+        value = compute(hit if hit is not None and hit[0] < version else None)
         self._cache[key] = (version, value)
         return value
 
@@ -453,6 +458,18 @@ class PlatformCollector:
 
 
 # -- readers (no home elsewhere yet) -------------------------------------------------------------
+
+
+def _first_commit_identity(path: str) -> tuple | None:
+    """(inode, mtime) of a local table's first commit file; None on an object store or once
+    log clean-up removed it."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    try:
+        st = os.stat(os.path.join(path.removeprefix("file://"), "_delta_log", f"{0:020d}.json"))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def table_rows(table) -> int:
