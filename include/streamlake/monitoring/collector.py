@@ -9,7 +9,11 @@ Per job (every job :func:`streamlake.operations.jobs.list_jobs` knows, label ``p
 ``streamlake_kafka_lag_seconds{topic,partition}``
     the age of the oldest record not yet in bronze: now minus the timestamp of the record
     at bronze's next offset, or at Kafka's log start if retention deleted that one (one
-    fetch per partition that lags; 0 when none lags).
+    fetch per partition that lags; 0 when none lags; :mod:`streamlake.monitoring.freshness`).
+``streamlake_freshness_seconds``
+    how far gold is behind Kafka: the age of the oldest record some gold table does not
+    reflect yet (:func:`streamlake.monitoring.freshness.gold_freshness_s`; silver's for a
+    pipeline without aggregates).
 ``streamlake_table_rows_total{table}``, ``streamlake_table_version{table}``,
 ``streamlake_last_commit_timestamp_seconds{table}``
     from each table's Delta log: rows are the sum of the snapshot's ``add`` statistics
@@ -73,6 +77,7 @@ KAFKA_TIMEOUT_MS = 5_000
 LABELS = {
     "streamlake_kafka_lag_records": ("pipeline", "topic", "partition"),
     "streamlake_kafka_lag_seconds": ("pipeline", "topic", "partition"),
+    "streamlake_freshness_seconds": ("pipeline",),
     "streamlake_table_rows_total": ("pipeline", "table"),
     "streamlake_table_version": ("pipeline", "table"),
     "streamlake_last_commit_timestamp_seconds": ("pipeline", "table"),
@@ -92,6 +97,7 @@ LABELS = {
 HELP = {
     "streamlake_kafka_lag_records": "Kafka's end offset minus the next offset bronze committed",
     "streamlake_kafka_lag_seconds": "age of the oldest Kafka record not yet in bronze",
+    "streamlake_freshness_seconds": "age of the oldest Kafka record some gold table does not reflect yet",
     "streamlake_table_rows_total": "rows of the table's latest snapshot (Delta log statistics)",
     "streamlake_table_version": "the table's latest Delta version",
     "streamlake_last_commit_timestamp_seconds": "time of the table's latest Delta commit",
@@ -294,6 +300,7 @@ class PlatformCollector:
             self._part(families, name, f"table {table_name}", one)
         self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze")))
         if definition is not None:
+            self._part(families, name, "freshness", lambda: self._freshness(families, job))
             self._part(families, name, "stages", lambda: self._stages(families, name, tables, opened))
             for agg in definition.aggregates:
                 self._part(families, name, f"aggregate {agg.name}",
@@ -315,52 +322,63 @@ class PlatformCollector:
         families["streamlake_table_rows_total"].add_metric(
             labels, self._cached("rows", path, version, lambda _prev: table_rows(table)))
 
+    def _kafka_conf(self, job) -> dict:
+        """The job's Kafka client settings with this exporter's timeout (at most)."""
+        from streamlake.kafka.client import API_TIMEOUT_PROPERTY, client_config
+
+        conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
+        conf[API_TIMEOUT_PROPERTY] = str(min(int(conf.get(API_TIMEOUT_PROPERTY, self._kafka_timeout_ms)),
+                                             self._kafka_timeout_ms))
+        return conf
+
     def _kafka(self, families, job, bronze) -> None:
-        """Lag per partition of the job's topics: records and seconds."""
+        """Lag per partition of the job's topics: records, and the age of the oldest record
+        not in bronze (:func:`streamlake.monitoring.freshness.oldest_unread_ages`)."""
         from streamlake.delta.txn import committed_offsets
         from streamlake.errors import KafkaUnavailableError
-        from streamlake.kafka.client import API_TIMEOUT_PROPERTY, KafkaMetadataClient, client_config
+        from streamlake.kafka.client import KafkaMetadataClient
+        from streamlake.monitoring.freshness import oldest_unread_ages
 
         topics = sorted(set(job.source_topics))
         if not topics:
             return
-        conf = client_config({f"kafka.{k}": v for k, v in (job.kafka or {}).items()})
-        conf[API_TIMEOUT_PROPERTY] = str(min(int(conf.get(API_TIMEOUT_PROPERTY, self._kafka_timeout_ms)),
-                                             self._kafka_timeout_ms))
+        conf = self._kafka_conf(job)
         key = tuple(sorted(conf.items()))
         if key in self._unanswered:  # a cluster that did not answer this scrape is not waited for twice
             raise KafkaUnavailableError(f"{self._unanswered[key]} (an earlier job's request in this scrape)")
+        now = self._now()
         try:
             with KafkaMetadataClient(conf) as kafka:
                 tps = kafka.partitions(topics=topics)
+                committed = committed_offsets(bronze, tps) if bronze is not None else {}
                 ends = kafka.latest(tps)
-                nexts = committed_offsets(bronze, tps) if bronze is not None else {}
-                missing = [tp for tp in tps if tp not in nexts]
-                nexts.update(kafka.earliest(missing) if missing else {})
-                # where the oldest record still held starts (retention may have deleted bronze's next)
-                lagging = [tp for tp in tps if tp in ends and tp in nexts and ends[tp] > nexts[tp]]
-                starts = kafka.earliest(lagging) if lagging else {}
+                missing = [tp for tp in tps if tp not in committed]
+                starts = kafka.earliest(missing) if missing else {}  # never committed: from the log start
+                for tp in tps:
+                    end, nxt = ends.get(tp), committed.get(tp, starts.get(tp))
+                    if end is not None and nxt is not None:
+                        families["streamlake_kafka_lag_records"].add_metric(
+                            [job.name, tp.topic, str(tp.partition)], max(0, end - nxt))
+                try:
+                    ages = oldest_unread_ages(kafka, conf, tps, committed, now)
+                except Exception as exc:  # noqa: BLE001 - the records' counts stay; the ages are absent
+                    self._error(families, job.name, "kafka age", exc)
+                    ages = {}
         except KafkaUnavailableError as exc:
             self._unanswered[key] = str(exc)
             raise
-        now = self._now()
-        for tp in tps:
-            end, nxt = ends.get(tp), nexts.get(tp)
-            if end is None or nxt is None:
-                continue
-            labels = [job.name, tp.topic, str(tp.partition)]
-            lag = max(0, end - nxt)
-            families["streamlake_kafka_lag_records"].add_metric(labels, lag)
-            if lag == 0:
-                families["streamlake_kafka_lag_seconds"].add_metric(labels, 0.0)
-                continue
-            try:
-                ts = oldest_timestamp_s(conf, tp, max(nxt, starts.get(tp, nxt)), end)
-            except Exception as exc:  # noqa: BLE001 - the records count stays; the age is absent
-                self._error(families, job.name, f"kafka age {tp}", exc)
-                continue
-            if ts is not None:
-                families["streamlake_kafka_lag_seconds"].add_metric(labels, max(0.0, now - ts))
+        for tp, age in sorted(ages.items()):
+            families["streamlake_kafka_lag_seconds"].add_metric([job.name, tp.topic, str(tp.partition)], age)
+
+    def _freshness(self, families, job) -> None:
+        """Gold's freshness (:func:`streamlake.monitoring.freshness.gold_freshness_s`), unless
+        the job's Kafka did not answer this scrape."""
+        from streamlake.monitoring.freshness import gold_freshness_s
+
+        if tuple(sorted(self._kafka_conf(job).items())) in self._unanswered:
+            return
+        families["streamlake_freshness_seconds"].add_metric(
+            [job.name], gold_freshness_s(job, now=self._now(), timeout_ms=self._kafka_timeout_ms))
 
     def _stages(self, families, pipeline: str, tables: dict, opened: dict) -> None:
         """Upstream versions each stage has not consumed: silver (silver and quarantine
@@ -547,16 +565,3 @@ def table_name(path: str | None) -> str:
     if len(parts) >= 2 and parts[-2] in ("gold", "late_events"):
         return "/".join(parts[-2:])
     return parts[-1] if parts else ""
-
-
-def oldest_timestamp_s(conf, tp, start: int, end: int) -> float | None:
-    """The timestamp (epoch seconds) of the first record Kafka holds in ``[start, end)`` of
-    ``tp``: read with the reader the source uses, at most a few records."""
-    from streamlake.kafka.offsets import OffsetRange
-    from streamlake.kafka.reader import read_range
-
-    rng = OffsetRange(tp.topic, tp.partition, start, min(end, start + 16))
-    for batch in read_range(conf, rng, poll_timeout_ms=KAFKA_TIMEOUT_MS, fail_on_data_loss=False):
-        if batch.num_rows:
-            return batch.column("timestamp")[0].as_py().timestamp()
-    return None
