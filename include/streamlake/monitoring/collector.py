@@ -298,9 +298,9 @@ class PlatformCollector:
                 opened[table_name] = table = self._table(path)
                 self._table_metrics(families, name, table_name, path, table)
             self._part(families, name, f"table {table_name}", one)
-        self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze")))
+        self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze"),
+                                                                with_freshness="silver" in tables))
         if definition is not None:
-            self._part(families, name, "freshness", lambda: self._freshness(families, job))
             self._part(families, name, "stages", lambda: self._stages(families, name, tables, opened))
             for agg in definition.aggregates:
                 self._part(families, name, f"aggregate {agg.name}",
@@ -331,9 +331,10 @@ class PlatformCollector:
                                              self._kafka_timeout_ms))
         return conf
 
-    def _kafka(self, families, job, bronze) -> None:
+    def _kafka(self, families, job, bronze, with_freshness: bool = False) -> None:
         """Lag per partition of the job's topics: records, and the age of the oldest record
-        not in bronze (:func:`streamlake.monitoring.freshness.oldest_unread_ages`)."""
+        not in bronze (:func:`streamlake.monitoring.freshness.oldest_unread_ages`); with
+        ``with_freshness`` gold's freshness too (:meth:`_freshness`)."""
         from streamlake.delta.txn import committed_offsets
         from streamlake.errors import KafkaUnavailableError
         from streamlake.kafka.client import KafkaMetadataClient
@@ -363,22 +364,32 @@ class PlatformCollector:
                     ages = oldest_unread_ages(kafka, conf, tps, committed, now)
                 except Exception as exc:  # noqa: BLE001 - the records' counts stay; the ages are absent
                     self._error(families, job.name, "kafka age", exc)
-                    ages = {}
+                    ages = None
+                if with_freshness:
+                    self._part(families, job.name, "freshness", lambda: self._freshness(
+                        families, job, kafka, conf, tps, bronze, ages, now))
         except KafkaUnavailableError as exc:
             self._unanswered[key] = str(exc)
             raise
-        for tp, age in sorted(ages.items()):
+        for tp, age in sorted((ages or {}).items()):
             families["streamlake_kafka_lag_seconds"].add_metric([job.name, tp.topic, str(tp.partition)], age)
 
-    def _freshness(self, families, job) -> None:
-        """Gold's freshness (:func:`streamlake.monitoring.freshness.gold_freshness_s`), unless
-        the job's Kafka did not answer this scrape."""
-        from streamlake.monitoring.freshness import gold_freshness_s
+    def _freshness(self, families, job, kafka, conf, tps, bronze, bronze_ages, now: float) -> None:
+        """Gold's freshness as :func:`streamlake.monitoring.freshness.gold_freshness_s` has it,
+        from its parts on this scrape's Kafka client: where gold's records end in bronze
+        (``gold_bronze_snapshot``), and the oldest record past there; bronze's own ages when
+        that is bronze's latest version (gold has consumed everything bronze has)."""
+        from streamlake.delta.txn import committed_offsets
+        from streamlake.monitoring.freshness import gold_bronze_snapshot, oldest_unread_ages
 
-        if tuple(sorted(self._kafka_conf(job).items())) in self._unanswered:
-            return
-        families["streamlake_freshness_seconds"].add_metric(
-            [job.name], gold_freshness_s(job, now=self._now(), timeout_ms=self._kafka_timeout_ms))
+        snapshot = gold_bronze_snapshot(job)
+        if snapshot is not None and bronze is not None and bronze_ages is not None \
+                and snapshot.version() == bronze.version():
+            ages = bronze_ages
+        else:
+            positions = committed_offsets(snapshot, tps) if snapshot is not None else {}
+            ages = oldest_unread_ages(kafka, conf, tps, positions, now)
+        families["streamlake_freshness_seconds"].add_metric([job.name], max(ages.values(), default=0.0))
 
     def _stages(self, families, pipeline: str, tables: dict, opened: dict) -> None:
         """Upstream versions each stage has not consumed: silver (silver and quarantine
