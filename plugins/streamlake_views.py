@@ -1,4 +1,4 @@
-"""StreamLake views in the Airflow UI: pipelines, late events, data quality, savepoints, checks, operations.
+"""StreamLake views in the Airflow UI: pipelines, late events, data quality, savepoints, checks, operations, health.
 
 A FastAPI app mounted by Airflow's API server under ``/streamlake`` and linked
 from the navigation (``external_views``). Every page requires an Airflow login
@@ -72,7 +72,7 @@ def _page(title: str, body: str, base: str | None = None) -> HTMLResponse:
     the relative links (navigation, forms) still point into the app."""
     nav = ('<nav><a href="pipelines">Pipelines</a><a href="late-events">Late events</a>'
            '<a href="quality">Data quality</a><a href="savepoints">Savepoints</a>'
-           '<a href="checks">Consistency checks</a><a href="operations">Operations</a></nav>')
+           '<a href="checks">Consistency checks</a><a href="operations">Operations</a><a href="health">Health</a></nav>')
     head = f"<base href='{html.escape(base)}'>" if base else ""
     return HTMLResponse(f"<!doctype html><html><head><meta charset='utf-8'>{head}<title>{html.escape(title)}</title>"
                         f"{_STYLE}</head><body>{nav}<h1>{html.escape(title)}</h1>{body}{_LOCAL_TIME_SCRIPT}"
@@ -808,6 +808,44 @@ def pipelines(request: Request) -> HTMLResponse:
     return _page("Pipelines", "".join(body))
 
 
+# -- health -------------------------------------------------------------------------------------------
+
+
+@app.get("/api/health")
+def api_health() -> dict:
+    from dataclasses import asdict
+
+    from streamlake.monitoring.health import health
+
+    return json.loads(json.dumps(asdict(health()), default=str))
+
+
+@app.get("/health", response_class=HTMLResponse)
+def health_view() -> HTMLResponse:
+    """Per pipeline: Kafka lag, gold's freshness and bronze's throughput over the last hour
+    (plots), and the alerts firing now; from Prometheus, else the exporter's current values."""
+    from streamlake.monitoring.health import FIGURES, health, series_svg
+
+    h = health()
+    body = [f"<p class='muted'>From {html.escape(h.source)}.</p>"]
+    if h.error:
+        body.append(f"<p class='WARN source-error'>{html.escape(h.error)}: the figures are current values only, "
+                    "and no alerts are evaluated (<code>make run</code> starts Prometheus).</p>")
+    rows = [[_td(a["name"], "FAIL"), _td(a["pipeline"]), _td(a["severity"]), _td(a["summary"]), _td_time(a["since"])]
+            for a in h.alerts]
+    body.append("<section class='alerts'><h2>Alerts firing</h2>"
+                + _table(["alert", "pipeline", "severity", "summary", "since"], rows, "No alert is firing.")
+                + "</section>")
+    for name, p in sorted(h.pipelines.items()):
+        plots = "".join(f"<div class='trend-box' data-figure='{f}'>{series_svg(p.series.get(f, []), title)}</div>"
+                        for f, (title, _query) in FIGURES.items())
+        body.append(f"<section class='pipeline' data-pipeline='{html.escape(name)}'><h2>{html.escape(name)}</h2>"
+                    f"<div class='trends'>{plots}</div></section>")
+    if not h.pipelines:
+        body.append("<p class='muted'>No pipeline has reported a figure yet.</p>")
+    return _page("Health", "".join(body))
+
+
 class StreamLakePlugin(AirflowPlugin):
     name = "streamlake"
     fastapi_apps = [{"app": app, "url_prefix": "/streamlake", "name": "StreamLake"}]
@@ -824,4 +862,6 @@ class StreamLakePlugin(AirflowPlugin):
          "url_route": "streamlake-late-events"},
         {"name": "Data quality", "href": "/streamlake/quality", "destination": "nav", "category": "StreamLake",
          "url_route": "streamlake-quality"},
+        {"name": "Health", "href": "/streamlake/health", "destination": "nav", "category": "StreamLake",
+         "url_route": "streamlake-health"},
     ]

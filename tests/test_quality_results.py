@@ -352,7 +352,8 @@ def ui():
 def test_data_quality_view_and_docs_route(spark, tmp_path, ui):
     plugin, client, _ = ui
     names = [v["name"] for v in plugin.StreamLakePlugin.external_views]
-    assert names == ["Pipelines", "Savepoints", "Consistency checks", "Operations", "Late events", "Data quality"]
+    assert names == ["Pipelines", "Savepoints", "Consistency checks", "Operations", "Late events", "Data quality",
+                     "Health"]
 
     path = str(tmp_path / "silver")
     v1 = write(path, "silver", clean("silver", 4, start=500))

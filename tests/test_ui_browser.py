@@ -40,7 +40,8 @@ CONTEXT = {"dag_id": "ingest_sensors", "run_id": "scheduled__2026-11-22T03:00:00
 STREAMLAKE_URLS = ("/streamlake/quality", "/streamlake/quality/docs/index.html", "/streamlake/quality/docs/x.html",
                    "/streamlake/api/quality", "/streamlake/api/quality/validations", "/streamlake/savepoints",
                    "/streamlake/checks", "/streamlake/operations", "/streamlake/api/checks",
-                   "/streamlake/api/savepoints", "/streamlake/pipelines", "/streamlake/late-events")
+                   "/streamlake/api/savepoints", "/streamlake/pipelines", "/streamlake/late-events",
+                   "/streamlake/health", "/streamlake/api/health")
 
 
 def artifacts_dir() -> Path:
@@ -165,7 +166,7 @@ def test_views_in_a_real_browser(launched_airflow, spark, produce, topic_name, t
             page.get_by_role("button", name="Plugins").click()
             page.get_by_role("menuitem", name="StreamLake").click()
             for name in ("Pipelines", "Savepoints", "Consistency checks", "Operations", "Late events",
-                         "Data quality"):
+                         "Data quality", "Health"):
                 expect(page.get_by_role("menuitem", name=name)).to_be_visible()
             page.screenshot(path=str(shots / "02-streamlake-menu.png"))
             page.get_by_role("menuitem", name="Data quality").click()
@@ -249,6 +250,15 @@ def test_views_in_a_real_browser(launched_airflow, spark, produce, topic_name, t
             expect(row).to_contain_text("PASS" if content["check"].passed else "FAIL")
             expect(row).to_contain_text("ingest_sensors")
             page.screenshot(path=str(shots / "08-consistency-checks.png"), full_page=True)
+
+            # Health: no Prometheus runs for this Airflow's home, so the exporter's current values,
+            # saying so (the plots from a real Prometheus: test_metrics.py)
+            page.goto(base + "/streamlake/health")
+            expect(page.locator("h1")).to_have_text("Health")
+            expect(page.locator("p.source-error")).to_contain_text("no Prometheus runs for this platform")
+            expect(page.locator("section.alerts")).to_contain_text("No alert is firing.")
+            expect(page.locator(f"section[data-pipeline='{content['job'].name}'] svg.series").first).to_be_visible()
+            page.screenshot(path=str(shots / "09-health.png"), full_page=True)
 
             # the Data Docs route refuses paths outside its folder, even logged in
             status = page.request.get(base + "/streamlake/quality/docs/%2e%2e/validations").status
