@@ -499,3 +499,42 @@ def test_a_read_of_more_files_than_sparks_listing_threshold_starts_no_listing_jo
     total_many, jobs_many = jobs_of_a_sum(many, f"many-{tmp_path.name}")
     assert (total_one, total_many) == (2, sum(2 * i for i in range(40)))
     assert jobs_many == jobs_one, f"{jobs_many} Spark jobs for a read of 40 files, {jobs_one} for one: a listing job"
+
+
+CONCURRENT_REGISTRATIONS = """
+import sys, threading
+from pyspark.sql import SparkSession
+from streamlake import data_sources
+from streamlake.delta.source import register
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+errors = []
+
+def one():
+    try:
+        register(spark)
+    except Exception as exc:
+        errors.append(repr(exc)[:300])
+
+threads = [threading.Thread(target=one) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(len(errors), len(data_sources._registered), errors)
+print(spark.read.format("streamlake-delta").load(sys.argv[2]).count())
+"""
+
+
+def test_threads_of_a_connect_client_register_the_source_once_and_read(spark, tmp_path):
+    """A proof's checks read object-store tables from threads of one Spark Connect client, each
+    registering streamlake-delta first: one registration reaches the server, none is refused."""
+    import subprocess
+    import sys
+
+    from conftest import SPARK_CONNECT_PORT
+
+    path = str(tmp_path / "table")
+    write_deltalake(path, pa.table({"id": pa.array(range(5), pa.int64())}))
+    done = subprocess.run([sys.executable, "-c", CONCURRENT_REGISTRATIONS, f"sc://127.0.0.1:{SPARK_CONNECT_PORT}",
+                           path], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["0 1 []", "5"], done.stdout + done.stderr[-2000:]

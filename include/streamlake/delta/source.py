@@ -777,5 +777,7 @@ class DeltaBatchReader(DataSourceReader):
 
 
 def register(spark) -> None:
-    """Register the source with a SparkSession (once per session is enough)."""
-    spark.dataSource.register(DeltaDataSource)
+    """Register the source with a SparkSession (:func:`streamlake.data_sources.register_once`)."""
+    from streamlake.data_sources import register_once
+
+    register_once(spark, DeltaDataSource)

@@ -560,8 +560,10 @@ class KafkaDataSource(DataSource):
 
 
 def register(spark) -> None:
-    """Register the source with a SparkSession (once per session is enough)."""
-    spark.dataSource.register(KafkaDataSource)
+    """Register the source with a SparkSession (:func:`streamlake.data_sources.register_once`)."""
+    from streamlake.data_sources import register_once
+
+    register_once(spark, KafkaDataSource)
 
 
 # -- warm-up -----------------------------------------------------------------------------------
