@@ -135,3 +135,24 @@ def test_the_lake_is_on_the_composes_minio(compose, monkeypatch):
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
     assert services["airflow-scheduler"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
     assert "minio-data:/data" in services["minio"]["volumes"]
+
+
+def test_prometheus_scrapes_the_exporter_with_the_platforms_rules(compose):
+    """As on `make run`: the exporter serves, Prometheus scrapes it with monitoring/prometheus.yml's
+    settings and the same rule files, and the Health view (the API server) reads Prometheus."""
+    services = compose["services"]
+    command = services["metrics-exporter"]["command"]
+    assert command[:3] == ["streamlake", "metrics", "serve"]
+    port = command[command.index("--port") + 1]
+    ours = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    local = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
+    assert ours["global"] == local["global"] and ours["rule_files"] == local["rule_files"]
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in ours["scrape_configs"]}
+    assert targets["streamlake"] == [f"metrics-exporter:{port}"]
+    assert set(targets) == {job["job_name"] for job in local["scrape_configs"]}
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"]}
+    assert mounts["/etc/prometheus/prometheus.yml"] == "./docker/prometheus.yml"
+    assert mounts["/etc/prometheus/rules"] == "./monitoring/rules"
+    assert all((ROOT / "monitoring" / f).exists() for f in ours["rule_files"])
+    assert _env(services["airflow-apiserver"])["STREAMLAKE_PROMETHEUS_URL"] == "http://prometheus:9090"
+    assert "9090:9090" in services["prometheus"]["ports"]
