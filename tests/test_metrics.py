@@ -286,6 +286,17 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         producing.join(60)
         lake["extra"] = manifest(extra)
         assert wanted <= firing, firing
+        # the Health view reads this Prometheus (the one started for this home): its lag series
+        # ends at no less than the records the job never ingested, and it lists the firing alerts
+        from streamlake.monitoring.health import health, series_svg
+
+        seen = health()
+        assert seen.source == f"Prometheus http://127.0.0.1:{prometheus_port}" and seen.error is None
+        assert {"StreamLakeKafkaLagGrowing", "StreamLakeCheckFailed"} <= {
+            a["name"] for a in seen.alerts if a["pipeline"] == job.name}, seen.alerts
+        lag = seen.pipelines[job.name].series["lag"]
+        assert lag and lag[-1][1] >= sum(arrived.values()), lag
+        assert "<svg" in series_svg(lag, "Kafka lag (records)")
     finally:
         services.stop()
     with socket.socket() as taken:
