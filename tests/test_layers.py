@@ -5,7 +5,8 @@ stands (module level, inside a function, under ``if TYPE_CHECKING``): a function
 a dependency all the same. The layers, lowest first (a module may import from its own layer or
 from a lower one, never from a higher one):
 
-    0  top-level helpers   streamlake/__init__.py, config.py, errors.py, logs.py, faults.py, jars.py
+    0  top-level helpers   streamlake/__init__.py, config.py, errors.py, logs.py, faults.py, jars.py,
+                           procs.py, data_sources.py
     1  kafka, storage      the broker's client and records; the lake's paths and objects
     2  spark               the SparkSession, checkpoints, the class archive
     3  platform            the local processes: broker, Spark Connect, fork server, Airflow

@@ -16,7 +16,9 @@
     streamlake quality run --table T [--job NAME | --root DIR | --path P] [--from-version V] [--to-version W] | show
                                            Great Expectations validation, recorded (cli/quality.py)
     streamlake sql "QUERY" [--json] [--remote sc://...]   SQL over every table by name    (cli/sql.py)
-    streamlake metrics serve [--port 9464] | show   metrics for Prometheus, computed per scrape (cli/metrics.py)
+    streamlake metrics serve [--port 9464] | show | start | stop
+                                                   metrics for Prometheus, computed per scrape; start/stop
+                                                   the exporter and Prometheus as services (cli/metrics.py)
     streamlake spark start|stop|status     Spark standalone cluster on 127.0.0.1
     streamlake airflow start|stop|status   Airflow standalone with the DAGs
     streamlake platform                    broker + producer + Spark + Airflow (`make run`)

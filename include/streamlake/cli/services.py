@@ -124,7 +124,8 @@ def cmd_platform(args) -> int:
     print(f"Pipelines:         {names} (pipelines/*.yaml; `streamlake pipeline validate FILE` shows one)")
     print("DAGs:              ingest_<pipeline> (every few minutes), backfill_<pipeline> (hourly and by hand), "
           "savepoint, restore, rescale")
-    print("StreamLake menu:   pipelines, late events, data quality, savepoints, consistency checks, operations")
+    print("StreamLake menu:   pipelines, late events, data quality, savepoints, consistency checks, operations, "
+          "health")
     print(f"Logs:              {config.log_dir()}")
     print("Stop everything:   make stop")
     return 0

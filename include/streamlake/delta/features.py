@@ -3,7 +3,8 @@
 The platform writes through delta-rs; Spark users read the same tables with Delta's Spark
 connector (the jar set ``spark``, the version of the pinned ``delta-spark`` package). A table
 whose protocol names a feature that connector does not know is one it refuses to read, so
-such a table is refused before it is created, never discovered by a Spark user later.
+such a table is refused before it is created (and a column a definition change adds,
+before it is added), never discovered by a Spark user later.
 
 Which features a new table gets is delta-rs's decision (its schema's types, its
 ``delta.*`` properties: ``delta.enableDeletionVectors=true`` brings ``deletionVectors`` and

@@ -152,6 +152,10 @@ def evolve_table(path: str | os.PathLike, spec: TableSpec,
             raise ValueError(f"table at {path} has {f.name} as {f.type}; {spec.name} declares {wanted[f.name].type}")
     new = [f for f in spec.schema if f.name not in existing.names]
     if new:
+        # the columns' types may need a table feature (a local timestamp: timestampNtz)
+        require_spark_readable(f"table {spec.name} at {path} with the columns {[f.name for f in new]} added",
+                               pa.schema([*existing, *(f.with_nullable(True) for f in new)]), spec.partition_by,
+                               spec.configuration)
         try:
             table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
         except CommitFailedError:

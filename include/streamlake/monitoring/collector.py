@@ -240,13 +240,16 @@ class PlatformCollector:
         log.warning("metrics: pipeline %s, %s: %s: %s", pipeline or "-", part, type(exc).__name__, exc)
         families["streamlake_scrape_errors"].add_metric([pipeline, part], 1)
 
-    def _part(self, families, pipeline: str, part: str, fn: Callable[[], None]) -> None:
+    def _part(self, families, pipeline: str, part: str, fn: Callable[[], None]) -> bool:
+        """Run one part of a job's scrape; False if it failed (reported as a scrape error)."""
         try:
             fn()
         except FileNotFoundError:
             pass  # a table not created yet: no series
         except Exception as exc:  # noqa: BLE001 - reported as streamlake_scrape_errors
             self._error(families, pipeline, part, exc)
+            return False
+        return True
 
     def _table(self, path: str):
         """The table at ``path``, at its newest version (kept open between scrapes, reopened
@@ -293,13 +296,18 @@ class PlatformCollector:
             definition = None
         tables = job.tables() if definition is not None else {"bronze": job.table}
         opened: dict[str, object] = {}
+        unreadable: set[str] = set()
         for table_name, path in tables.items():
             def one(table_name=table_name, path=path):
                 opened[table_name] = table = self._table(path)
                 self._table_metrics(families, name, table_name, path, table)
-            self._part(families, name, f"table {table_name}", one)
-        self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze"),
-                                                                with_freshness="silver" in tables))
+            if not self._part(families, name, f"table {table_name}", one):
+                unreadable.add(table_name)
+        # Kafka's lag counts from the log start only for a bronze that does not exist yet; a
+        # bronze that could not be read this scrape leaves the lag absent, never made up
+        if "bronze" not in unreadable:
+            self._part(families, name, "kafka", lambda: self._kafka(families, job, opened.get("bronze"),
+                                                                    with_freshness="silver" in tables))
         if definition is not None:
             self._part(families, name, "stages", lambda: self._stages(families, name, tables, opened))
             for agg in definition.aggregates:

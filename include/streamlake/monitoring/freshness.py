@@ -50,10 +50,12 @@ def first_record_timestamp_s(conf: Mapping[str, str], tp, start: int, end: int) 
     from streamlake.kafka.reader import read_range
 
     rng = OffsetRange(tp.topic, tp.partition, start, min(end, start + FIRST_RECORD_WINDOW))
+    first = None
+    # the whole (small) range is read: a read left early gives up the reader's cached consumer
     for batch in read_range(dict(conf), rng, poll_timeout_ms=KAFKA_TIMEOUT_MS, fail_on_data_loss=False):
-        if batch.num_rows:
-            return batch.column("timestamp")[0].as_py().timestamp()
-    return None
+        if first is None and batch.num_rows:
+            first = batch.column("timestamp")[0].as_py().timestamp()
+    return first
 
 
 def oldest_unread_ages(kafka, conf: Mapping[str, str], tps: list, positions: Mapping, now: float) -> dict:

@@ -86,7 +86,8 @@ def from_prometheus(url: str, now: float | None = None) -> Health:
 
 def from_exporter(now: float | None = None) -> Health:
     """Each figure's current value, computed as the exporter's scrape computes it; throughput
-    is the last micro-batch's input rows over its duration where the job reported one."""
+    is bronze's last micro-batch's input rows over its micro-batches' mean duration (busy
+    throughput: Prometheus's figure, a five-minute rate, also counts the idle time)."""
     from streamlake.monitoring.collector import PlatformCollector
 
     at = time.time() if now is None else now

@@ -68,8 +68,9 @@ def prometheus_config(exporter_port: int, prometheus_port: int, scrape_interval:
         conf["global"].update(scrape_interval=scrape_interval, evaluation_interval=scrape_interval,
                               scrape_timeout=scrape_interval)
     targets = {"streamlake": f"{ADDRESS}:{exporter_port}", "prometheus": f"{ADDRESS}:{prometheus_port}"}
-    for job in conf["scrape_configs"]:
-        job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
+    for job in conf["scrape_configs"]:  # a job a user added (a collector of theirs) keeps its targets
+        if job["job_name"] in targets:
+            job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]
     return yaml.safe_dump(conf, sort_keys=False)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -130,16 +131,24 @@ def layout(port: int, brokers: int) -> list[Node]:
 
 def find_free_port(brokers: int = 1) -> int:
     """A port ``P`` such that ``P`` .. ``P + 2*brokers - 1`` (the layout's client and controller
-    ports) are free on 127.0.0.1 now (tests and benchmarks start clusters there)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 * brokers > 65535:
-            continue
+    ports) are free on 127.0.0.1 now (tests and benchmarks start clusters there). Chosen below
+    the kernel's ephemeral range: outgoing connections take their local ports from that range,
+    so a port free there now may be a client's by the time a node binds it (seen: a 3-node
+    cluster's controller port taken while the other test worker's clients connected)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10_000, low - 2 * brokers)
         if all(_bindable(p) for p in range(port, port + 2 * brokers)):
             return port
-    raise RuntimeError(f"found no {2 * brokers} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"found no {2 * brokers} consecutive free ports on 127.0.0.1 in 10000-{low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _bindable(port: int) -> bool:
