@@ -138,6 +138,14 @@ def health(url: str | None = None) -> Health:
         return fallback
 
 
+def _compact(value: float) -> str:
+    """A value in at most five characters for an axis label (22,540 -> 22.5k)."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def series_svg(points: list[tuple[float, float]], title: str, width: int = 420, height: int = 140) -> str:
     """A line plot of ``points`` (epoch seconds, value) as an inline ``<svg>``; a single point
     is drawn as a dot with its value. Every point has a ``<title>`` shown on hover."""
@@ -157,7 +165,7 @@ def series_svg(points: list[tuple[float, float]], title: str, width: int = 420, 
     top_value = max(max(v for _, v in points), 1e-9)
     x = (lambda t: left + (w * (t - t0) / (t1 - t0) if t1 > t0 else w))  # noqa: E731
     y = (lambda v: top + h - h * v / top_value)  # noqa: E731
-    out.append(f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{top_value:.4g}</text>'
+    out.append(f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_compact(top_value)}</text>'
                f'<text x="{left - 4}" y="{top + h}" text-anchor="end">0</text>')
     if len(points) > 1:
         out.append('<polyline class="line" points="' + " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points) + '"/>')
