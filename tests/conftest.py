@@ -344,11 +344,13 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
 # a core each while they run), run one after the other in one worker, first; every other file
 # is a unit of its own (its module fixtures set up once), spread over both.
 PLATFORM_FILES = ("test_airflow_e2e.py", "test_live_platform.py")
-# `make test-scenarios`: its two S3 scenarios (about 520 and 360 s) would run in one worker
-# as one file; the whole pipeline on S3 runs after the Airflow scenarios instead (about 480 s),
-# so that each worker has some 830 s of the run's 1,680 (it took 1,040 s on one and 640 s on
-# the other on 2026-12-06).
+# `make test-scenarios`: its two S3 scenarios (about 520 and 370 s) would run in one worker
+# as one file; the whole pipeline on S3 runs after the Airflow scenarios instead (about 390 s),
+# and every other scenario is one unit beside them (BESIDE_THE_PLATFORM), so that each worker
+# has some 790 s of the run's 1,585. (As a unit per file, the worker of the Airflow files took
+# the Kafka faults' file too: 911 s against 674 s in the fresh-clone run of 2026-12-07.)
 WITH_THE_PLATFORM_FILES = ("test_object_storage.py::test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_",)
+BESIDE_THE_PLATFORM = "the other scenarios"
 
 
 def _with_the_platform(nodeid: str) -> bool:
@@ -358,14 +360,19 @@ def _with_the_platform(nodeid: str) -> bool:
 
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scheduling by scope, one scope per file, except the platform files and the tests
-    run with them (WITH_THE_PLATFORM_FILES): one scope.
+    run with them (WITH_THE_PLATFORM_FILES): one scope; in `make test-scenarios` (-m scenario),
+    every other test a second scope.
     (xdist 3.8's ``loadgroup`` did not group here under pytest 9.2: one group's tests ran on
     both workers.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    scenarios = (config.option.markexpr or "").strip() == "scenario"
+
     class PlatformFilesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "platform" if _with_the_platform(nodeid) else nodeid.split("::", 1)[0]
+            if _with_the_platform(nodeid):
+                return "platform"
+            return BESIDE_THE_PLATFORM if scenarios else nodeid.split("::", 1)[0]
 
     return PlatformFilesTogether(config, log)
 
