@@ -49,7 +49,13 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, OPERATION_MACROS, job_param, resume_job_before_stop
+from streamlake.orchestration.dag_parts import (
+    MANUAL_OPERATION_DAG,
+    OPERATION_MACROS,
+    job_param,
+    operation_failed,
+    resume_job_before_stop,
+)
 from streamlake.orchestration.tasks import refuse_handover
 
 with DAG(
@@ -89,7 +95,7 @@ with DAG(
 
         return throughput(params["job"])
 
-    @task(task_id="savepoint_and_stop", on_failure_callback=refuse_handover)
+    @task(task_id="savepoint_and_stop", on_failure_callback=[refuse_handover, operation_failed])
     def savepoint_and_stop(params: dict, run_id: str) -> dict:
         """Stop-with-savepoint at a micro-batch boundary, the handover announced first: from then
         on no other run starts the job before the run `resume` started. Settings that cannot run
@@ -101,7 +107,7 @@ with DAG(
         announce_handover(params["job"], run_id)
         return take_savepoint(params["job"], stop=True, note="rescale")
 
-    @task(task_id="apply_settings", on_failure_callback=refuse_handover)
+    @task(task_id="apply_settings", on_failure_callback=[refuse_handover, operation_failed])
     def apply_settings(params: dict, savepoint: dict, run_id: str) -> dict:
         """Write the new resources into the job spec (every later start uses them), then hand the
         stopped job over to the run `resume` started."""

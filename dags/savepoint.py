@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param
+from streamlake.orchestration.dag_parts import MANUAL_OPERATION_DAG, job_param, operation_proven
 from streamlake.orchestration.operators import JobVerifyOperator
 
 with DAG(
@@ -59,7 +59,9 @@ with DAG(
         operation="savepoint",
         expected_offsets="{{ ti.xcom_pull(task_ids='take_savepoint')['offsets'] | tojson }}",
         version="{{ ti.xcom_pull(task_ids='take_savepoint')['version'] }}",
-        doc_md="Bronze at the savepoint's version holds exactly its offsets; every stage checked; data quality.",
+        doc_md="Bronze at the savepoint's version holds exactly its offsets; every stage checked; data quality. "
+               "Its success proves the savepoint (operation_outcomes).",
+        on_success_callback=operation_proven,
     )
 
     take() >> verify

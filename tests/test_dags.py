@@ -106,10 +106,14 @@ def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, 
     savepoint is taken): continuous if the job runs continuously at the trigger (its driver,
     not a savepoint or restore of the stopped job, holds the job lock), on the form's
     settings, waiting for this rescale's handover; the savepoint follows that task, and every
-    task before the handover refuses it when it fails for good."""
+    task before the handover refuses it when it fails for good (and records the rescale failed).
+    The run gets the rescale's trigger time, with which it records the rescale proven."""
+    import datetime as dt
     import threading
+    from types import SimpleNamespace
 
     from streamlake.operations.jobs import JobSpec, save_job
+    from streamlake.orchestration.dag_parts import operation_failed
     from streamlake.orchestration.tasks import refuse_handover
 
     monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
@@ -122,11 +126,13 @@ def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, 
     assert dag.get_task("savepoint_and_stop").upstream_task_ids == {"resume"}
     for task_id in ("savepoint_and_stop", "apply_settings"):
         assert refuse_handover in dag.get_task(task_id).on_failure_callback
+        assert operation_failed in dag.get_task(task_id).on_failure_callback
     params = {"job": "orders", "spark_conn_id": "spark_cluster", "total_executor_cores": 2, "executor_cores": 1,
               "min_partitions": None, "max_offsets_per_trigger": None, "gold_partitions": 4}
     env = dag.get_template_env()
-    render = lambda field: env.from_string(getattr(resume, field)).render(params=params,  # noqa: E731
-                                                                          run_id="manual__1")
+    triggered = dt.datetime(2026, 12, 7, 3, 0, 1, tzinfo=dt.timezone.utc)
+    render = lambda field: env.from_string(getattr(resume, field)).render(  # noqa: E731
+        params=params, run_id="manual__1", dag_run=SimpleNamespace(run_after=triggered))
     held, release = threading.Event(), threading.Event()
     if lock_holder:  # a driver, savepoint or restore holds the job lock while this renders
         def driver():
@@ -141,7 +147,8 @@ def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, 
         release.set()
     settings = {k: v for k, v in params.items() if k != "job"}
     assert conf == {"job": "orders", "mode": resumed, "spark_conn_id": "spark_cluster", "resumes": "rescale",
-                    "settings": settings, "handover": "manual__1"}
+                    "settings": settings, "handover": "manual__1",
+                    "operation_triggered_at": "2026-12-07T03:00:01+00:00"}
     assert render("trigger_dag_id") == "ingest_orders"
     assert render("trigger_run_id") == "rescaled__manual__1"
 

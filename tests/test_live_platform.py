@@ -200,6 +200,52 @@ def test_a_rescale_no_worker_can_host_is_refused_before_the_stop(live_platform):
     told = rest.task_log("ingest_sensors", resumed, "ingest_available_now",
                          rest.tries("ingest_sensors", resumed, "ingest_available_now"))
     assert "savepoint_and_stop failed" in told, told[-3000:]
+    assert_operation_metrics(live_platform)
+
+
+def assert_operation_metrics(live_platform) -> None:
+    """`streamlake metrics show` on the platform after the operations above, against what
+    Airflow's REST API says of their runs: every savepoint, restore and backfill run proven, its
+    seconds from the run's trigger to the end of its proof; the rescale of the form test proven
+    by its job's run (to that run's verify), the refused one failed (one failed run, although it
+    failed its own run and the job's run it had started): the newest rescale failed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rest = live_platform.rest
+    shown = live_platform.streamlake("metrics", "show", timeout=180)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    samples = {(s.name, s.labels.get("pipeline"), s.labels.get("operation"), s.labels.get("le")): s.value
+               for f in text_string_to_metric_families(shown.stdout) for s in f.samples
+               if s.name.startswith("streamlake_operation_")}
+
+    def proofs(dag_id: str, proof: str, prefix: str = "") -> list[float]:
+        """Seconds from each successful run's trigger to the end of its proof task."""
+        out = []
+        for run in rest.runs(dag_id, state="success"):
+            if not run["dag_run_id"].startswith(prefix):
+                continue
+            out.append(epoch(rest.task(dag_id, run["dag_run_id"], proof)["end_date"]) - epoch(run["run_after"]))
+        return out
+
+    rescales = [r for r in rest.runs("rescale") if r["state"] == "success"]
+    expected = {("sensors", "savepoint"): proofs("savepoint", "verify"),
+                ("sensors", "restore"): proofs("restore", "resume"),
+                ("orders", "backfill"): proofs("backfill_orders", "report"),
+                ("sensors", "backfill"): proofs("backfill_sensors", "report"),
+                # the rescale's trigger to the end of its run's verify
+                ("sensors", "rescale"): [epoch(rest.task("ingest_sensors", f"rescaled__{r['dag_run_id']}", "verify")
+                                               ["end_date"]) - epoch(r["run_after"]) for r in rescales]}
+    assert [len(v) for v in expected.values()] == [2, 1, 1, 1, 1], expected
+    for (pipeline, operation), seconds in expected.items():
+        key = ("streamlake_operation_duration_seconds_count", pipeline, operation, None)
+        assert samples.get(key) == len(seconds), (pipeline, operation, samples.get(key), seconds)
+        total = samples[("streamlake_operation_duration_seconds_sum", pipeline, operation, None)]
+        # recorded by the proof's success callback, a moment after the end Airflow gives the task
+        assert sum(seconds) - 1 <= total <= sum(seconds) + 10 * len(seconds), (pipeline, operation, total, seconds)
+        assert samples[("streamlake_operation_failures_total", pipeline, operation, None)] == (
+            operation == "rescale"), (pipeline, operation)
+        assert samples[("streamlake_operation_last_success", pipeline, operation, None)] == (
+            operation != "rescale"), (pipeline, operation)
 
 
 def test_the_views_read_well_in_the_browser(live_platform, page):

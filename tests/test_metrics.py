@@ -192,6 +192,58 @@ def record_failures(lake: dict) -> tuple[str, str, dt.datetime]:
     return gold, suite, at
 
 
+def record_operations(lake: dict, run: str) -> None:
+    """Ends of operation runs as the operation DAGs' callbacks record them: two savepoints proven
+    12 and 75 s after their trigger, a rescale failed at its savepoint and again in the job's run it
+    started (one failed run), a backfill failed then proven by its next run."""
+    from streamlake.operations.outcomes import record_outcome
+
+    name = lake["job"].name
+    now = dt.datetime.now(dt.timezone.utc)
+    ago = lambda seconds: now - dt.timedelta(seconds=seconds)  # noqa: E731
+    record_outcome("savepoint", name, f"{run}-s1", ago(300), "proven", "verify", finished_at=ago(288))
+    record_outcome("savepoint", name, f"{run}-s2", ago(200), "proven", "verify", finished_at=ago(125))
+    record_outcome("backfill", name, f"{run}-b1", ago(100), "failed", "backfill", "CalledProcessError: ...",
+                   finished_at=ago(90))
+    record_outcome("backfill", name, f"{run}-b2", ago(80), "proven", "report", finished_at=ago(40))
+    record_outcome("rescale", name, f"{run}-r1", ago(30), "failed", "savepoint_and_stop", "RuntimeError: refused",
+                   finished_at=ago(29))
+    record_outcome("rescale", name, f"{run}-r1", ago(30), "failed", "ingest_available_now", "RuntimeError: told",
+                   finished_at=ago(20))
+
+
+def test_operation_outcomes_as_recorded(lake):
+    """Per pipeline and operation: the proven runs' trigger-to-proof seconds as a histogram, the
+    runs that failed (a run failed at two tasks is one), whether the newest run was proven."""
+    from streamlake.operations.outcomes import record_outcome
+
+    job = lake["job"]
+    with pytest.raises(ValueError, match="not an operation measured here: 'compaction'"):
+        record_outcome("compaction", job.name, "x", dt.datetime.now(dt.timezone.utc), "proven", "t")
+    labels = lambda op: dict(pipeline=job.name, operation=op)  # noqa: E731
+    ops = ("savepoint", "backfill", "rescale")
+    # the module's other tests record operations of this pipeline too: compare with before
+    runs = lambda samples, op: sum(values(samples, "streamlake_operation_duration_seconds_count",  # noqa: E731
+                                          **labels(op)).values())
+    before = scrape(PlatformCollector(jobs=lambda: [job.name]))
+    record_operations(lake, f"t-{uuid.uuid4().hex[:6]}")
+    samples = scrape(PlatformCollector(jobs=lambda: [job.name]))
+    assert [runs(samples, op) - runs(before, op) for op in ops] == [2, 1, 0]
+    failed = lambda samples, op: sum(values(samples, "streamlake_operation_failures_total",  # noqa: E731
+                                            **labels(op)).values())
+    assert [failed(samples, op) - failed(before, op) for op in ops] == [0, 1, 1]
+    assert [one(samples, "streamlake_operation_last_success", **labels(op)) for op in ops] == [1, 1, 0]
+    assert time.time() - 30 < one(samples, "streamlake_operation_last_timestamp_seconds", **labels("rescale")) \
+        <= time.time()
+    bucket = lambda samples, le: sum(values(samples, "streamlake_operation_duration_seconds_bucket",  # noqa: E731
+                                            le=le, **labels("savepoint")).values())
+    assert [bucket(samples, le) - bucket(before, le) for le in ("10.0", "30.0", "60.0", "120.0", "+Inf")] == \
+        [0, 1, 1, 2, 2]
+    total = lambda samples: sum(values(samples, "streamlake_operation_duration_seconds_sum",  # noqa: E731
+                                       **labels("savepoint")).values())
+    assert total(samples) - total(before) == pytest.approx(12 + 75)
+
+
 def test_checks_and_quality_results_as_recorded(lake):
     from streamlake.operations.consistency import check_consistency
 
@@ -234,6 +286,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         assert path.name != "alerts.yml" or '{table="bronze"}) > 900' in text
         (rules / path.name).write_text(text.replace('{table="bronze"}) > 900', '{table="bronze"}) > 5'))
     record_failures(lake)  # what the check and critical-expectation alerts fire on
+    record_operations(lake, f"p-{uuid.uuid4().hex[:6]}")  # and the operation alert: the last rescale failed
     exporter_port, prometheus_port = _free_port(), _free_port()
     # every 4 s (the scrape timeout too): the exporter scrapes every job of the worker's home, whose
     # first scrape is cold
@@ -261,7 +314,8 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         rules = {r["name"] for g in _prometheus(prometheus_port, "/api/v1/rules")["groups"] for r in g["rules"]}
         assert {"StreamLakeKafkaLagGrowing", "StreamLakeBronzeNoCommit", "StreamLakeStageNotConsuming",
                 "StreamLakeCheckFailed", "StreamLakeCriticalQualityExpectationFailed",
-                "StreamLakeQuarantineHigh", "pipeline:streamlake_quarantine_ratio:15m"} <= rules
+                "StreamLakeQuarantineHigh", "StreamLakeOperationFailed",
+                "pipeline:streamlake_quarantine_ratio:15m"} <= rules
         # the recorded failures fire their alerts
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -272,6 +326,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
             time.sleep(1)
         assert ("StreamLakeCheckFailed", job.name) in firing
         assert ("StreamLakeCriticalQualityExpectationFailed", job.name) in firing
+        assert ("StreamLakeOperationFailed", job.name) in firing
         # the job stays stopped while records keep arriving: the lag and no-commit alerts fire
         from streamlake.kafka.producer import produce_records
 

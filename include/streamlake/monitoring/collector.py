@@ -39,6 +39,13 @@ Per job (every job :func:`streamlake.operations.jobs.list_jobs` knows, label ``p
     ``progress.jsonl``: the last batch's rows, and all batches' rows (its rate is the
     stage's throughput).
 
+``streamlake_operation_duration_seconds{operation}`` (histogram), ``streamlake_operation_failures_total{operation}``,
+``streamlake_operation_last_success{operation}``, ``streamlake_operation_last_timestamp_seconds{operation}``
+    savepoints, restores, rescales and backfills triggered in Airflow, from the
+    ``operation_outcomes`` table (:mod:`streamlake.operations.outcomes`): seconds from each
+    proven run's trigger to its proof, the runs that failed, whether the newest run was proven (1)
+    or failed (0), and when it ended.
+
 And ``streamlake_scrape_errors{pipeline,part}`` (1: that part of the pipeline could not be
 read this scrape, the log says why; its series are then absent, never made up) and
 ``streamlake_scrape_duration_seconds``.
@@ -71,6 +78,8 @@ log = logging.getLogger(__name__)
 
 # Micro-batch durations (seconds): a live job's batches take about a second, a catch-up's a minute.
 BATCH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Operations, trigger to proof (seconds): a savepoint takes tens of seconds, a rescale minutes.
+OPERATION_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 # Kafka requests of one scrape give up after this long (the platform's default is 60 s).
 KAFKA_TIMEOUT_MS = 5_000
 
@@ -92,6 +101,8 @@ LABELS = {
     "streamlake_quality_critical_failures": ("pipeline", "table", "suite"),
     "streamlake_quality_timestamp_seconds": ("pipeline", "table", "suite"),
     "streamlake_batch_last_input_rows": ("pipeline", "stage", "aggregate"),
+    "streamlake_operation_last_success": ("pipeline", "operation"),
+    "streamlake_operation_last_timestamp_seconds": ("pipeline", "operation"),
     "streamlake_scrape_errors": ("pipeline", "part"),
 }
 HELP = {
@@ -112,6 +123,8 @@ HELP = {
     "streamlake_quality_critical_failures": "critical expectations the newest validation failed",
     "streamlake_quality_timestamp_seconds": "when the newest validation of the table and suite ran",
     "streamlake_batch_last_input_rows": "input rows of the stage's last micro-batch",
+    "streamlake_operation_last_success": "the newest run of the operation was proven (1) or failed (0)",
+    "streamlake_operation_last_timestamp_seconds": "when the newest run of the operation ended",
     "streamlake_scrape_errors": "1 if this part of the pipeline could not be read in this scrape",
 }
 
@@ -223,6 +236,12 @@ class PlatformCollector:
         out["streamlake_batch_duration_seconds"] = HistogramMetricFamily(
             "streamlake_batch_duration_seconds", "duration of the stage's micro-batches (Spark's triggerExecution)",
             labels=("pipeline", "stage", "aggregate"))
+        out["streamlake_operation_failures_total"] = CounterMetricFamily(
+            "streamlake_operation_failures", "runs of the operation that failed (a task failed for good)",
+            labels=("pipeline", "operation"))
+        out["streamlake_operation_duration_seconds"] = HistogramMetricFamily(
+            "streamlake_operation_duration_seconds", "seconds from an operation's trigger to its proof",
+            labels=("pipeline", "operation"))
         return out
 
     def _job_names(self, families) -> list[str]:
@@ -319,6 +338,7 @@ class PlatformCollector:
         self._part(families, name, "checks", lambda: self._checks(families, name))
         self._part(families, name, "quality", lambda: self._quality(families, name))
         self._part(families, name, "progress", lambda: self._batches(families, name, job))
+        self._part(families, name, "operations", lambda: self._operations(families, name))
 
     def _table_metrics(self, families, pipeline: str, table_name: str, path: str, table) -> None:
         version = table.version()
@@ -481,6 +501,24 @@ class PlatformCollector:
             families["streamlake_quality_critical_failures"].add_metric(labels, len(v["critical_failures"]))
             families["streamlake_quality_timestamp_seconds"].add_metric(labels, v["validated_at"].timestamp())
 
+    def _operations(self, families, pipeline: str) -> None:
+        from streamlake.operations.outcomes import OPERATION_OUTCOMES, outcome_summary
+
+        at = self._platform_version(OPERATION_OUTCOMES.name)
+        if at is None:
+            return
+        for (job, operation), record in sorted(self._cached("operations", at[0], at[1],
+                                                            lambda _prev: outcome_summary()).items()):
+            if job != pipeline:
+                continue
+            labels = [pipeline, operation]
+            families["streamlake_operation_failures_total"].add_metric(labels, len(record.failed_runs))
+            families["streamlake_operation_duration_seconds"].add_metric(
+                labels, _histogram(record.durations, OPERATION_BUCKETS), sum(record.durations))
+            families["streamlake_operation_last_success"].add_metric(labels, 1 if record.last_outcome == "proven"
+                                                                     else 0)
+            families["streamlake_operation_last_timestamp_seconds"].add_metric(labels, record.last_at.timestamp())
+
     def _batches(self, families, pipeline: str, job) -> None:
         progress = self._progress.setdefault(pipeline, _Progress())
         for stage, s in sorted(progress.update(job.control.progress_file).items()):
@@ -492,6 +530,11 @@ class PlatformCollector:
                 cumulative += n
                 buckets.append((bound, cumulative))
             families["streamlake_batch_duration_seconds"].add_metric(labels, buckets, s["sum"])
+
+
+def _histogram(values: list[float], bounds: tuple[float, ...]) -> list[tuple[str, int]]:
+    """Prometheus's cumulative buckets of ``values``: (upper bound, how many are at most it)."""
+    return [(str(bound), sum(1 for v in values if v <= bound)) for bound in bounds] + [("+Inf", len(values))]
 
 
 # -- readers (no home elsewhere yet) -------------------------------------------------------------

@@ -6,7 +6,7 @@ A pipeline's tables are ``<job>.<table>`` with the table's path made a name: ``b
 digits and ``_`` only, so any other character of a job's name is ``_`` there
 (``e2e-orders`` -> ``e2e_orders``). The platform's own tables are
 ``streamlake.<table>`` (``consistency_checks``, ``verified_ranges``, ``quality_results``,
-``operations``). Each name is an external Delta table (``CREATE TABLE ... USING delta
+``operations``, ``operation_outcomes``). Each name is an external Delta table (``CREATE TABLE ... USING delta
 LOCATION``) over the files the platform writes: registering copies nothing and a query reads
 the table's current version through Delta's Spark connector.
 
@@ -63,9 +63,11 @@ def _platform_tables() -> dict[str, str]:
     from streamlake.operations.consistency import RESULTS
     from streamlake.operations.ledger import VERIFIED_RANGES
     from streamlake.delta.records import OPERATIONS, platform_table_path
+    from streamlake.operations.outcomes import OPERATION_OUTCOMES
     from streamlake.quality.results import QUALITY_RESULTS
 
-    return {spec.name: platform_table_path(spec.name) for spec in (RESULTS, VERIFIED_RANGES, QUALITY_RESULTS, OPERATIONS)}
+    return {spec.name: platform_table_path(spec.name)
+            for spec in (RESULTS, VERIFIED_RANGES, QUALITY_RESULTS, OPERATIONS, OPERATION_OUTCOMES)}
 
 
 def sql_names(jobs: Iterable[JobSpec] | None = None) -> dict[str, str]:

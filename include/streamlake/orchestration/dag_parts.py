@@ -1,9 +1,13 @@
 """Pieces several DAGs share: settings of the manual operation DAGs, the "start the
-job again" tail of restore and rescale, and the conf keys of the run it starts."""
+job again" tail of restore and rescale, the conf keys of the run it starts, and the callbacks
+that record how each operation ended."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+
+log = logging.getLogger(__name__)
 
 START_DATE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the job: the operation it completes
@@ -11,15 +15,85 @@ RESUMES_CONF_KEY = "resumes"  # set by restore and rescale when they start the j
 # and the rescale's run id, whose handover the run's driver waits for before it touches a table.
 SETTINGS_CONF_KEY = "settings"
 HANDOVER_CONF_KEY = "handover"
+# Set by a rescale in the run it starts: the rescale's trigger time (its run proves it).
+TRIGGERED_AT_CONF_KEY = "operation_triggered_at"
+
+
+# -- how each operation ended (streamlake.operations.outcomes) -------------------------------------
+#
+# ``operation_failed`` is the ``on_failure_callback`` of the tasks of savepoint, restore, rescale
+# and backfill_<pipeline>, and of the job's tasks in the run a rescale started (ingest_<pipeline>
+# with ``resumes: rescale``): Airflow calls it when a task failed for good, its retries spent.
+# ``operation_proven`` is the ``on_success_callback`` of each operation's proof (that module's
+# docstring says which task). In any other run both do nothing. The trigger time is the
+# operation run's ``run_after``; a rescale passes its own to the run that proves it
+# (TRIGGERED_AT_CONF_KEY), which records the outcome under the rescale's run id (its handover).
+# A callback never fails its task: a recording that fails is logged.
+
+
+def _utc(value) -> dt.datetime:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return dt.datetime.fromtimestamp(value.timestamp(), tz=dt.timezone.utc)
+
+
+def operation_run(context) -> tuple[str, str, str, dt.datetime] | None:
+    """(operation, job, run id, triggered at) of the operation the task's run belongs to, or
+    None when the run is no operation's."""
+    dag_id = context["dag"].dag_id
+    run = context["dag_run"]
+    conf = run.conf or {}
+    params = context.get("params") or {}
+    if dag_id in ("savepoint", "rescale"):
+        return dag_id, params["job"], run.run_id, _utc(run.run_after)
+    if dag_id == "restore":
+        restored = context["ti"].xcom_pull(task_ids="restore") or {}
+        return "restore", restored.get("job") or params["job"], run.run_id, _utc(run.run_after)
+    if dag_id.startswith("backfill_"):
+        return "backfill", dag_id.removeprefix("backfill_"), run.run_id, _utc(run.run_after)
+    if dag_id.startswith("ingest_") and conf.get(RESUMES_CONF_KEY) == "rescale":
+        return ("rescale", dag_id.removeprefix("ingest_"), conf.get(HANDOVER_CONF_KEY) or run.run_id,
+                _utc(conf.get(TRIGGERED_AT_CONF_KEY) or run.run_after))
+    return None
+
+
+def _record_outcome(context, outcome: str) -> None:
+    from streamlake.operations.outcomes import record_outcome
+
+    try:
+        found = operation_run(context)
+        if found is None:
+            return
+        operation, job, run_id, triggered_at = found
+        error = context.get("exception")
+        row = record_outcome(operation, job, run_id, triggered_at, outcome, context["task"].task_id,
+                             error=f"{type(error).__name__}: {error}" if error else None)
+        log.info("the %s of job %s (run %s): %s, %.1f s after its trigger", operation, job, run_id, outcome,
+                 row["duration_s"])
+    except Exception:  # noqa: BLE001 - see above
+        log.exception("recording how this run's operation ended (%s) failed", outcome)
+
+
+def operation_failed(context) -> None:
+    """``on_failure_callback``: record the operation's run as failed at this task."""
+    _record_outcome(context, "failed")
+
+
+def operation_proven(context) -> None:
+    """``on_success_callback`` of an operation's proof: record the run as proven."""
+    _record_outcome(context, "proven")
+
 
 # Manual-only operation DAGs (savepoint, restore, rescale): unpaused, so a UI
-# trigger runs at once; one retry (each step is safe to repeat).
+# trigger runs at once; one retry (each step is safe to repeat); a task failed for good fails
+# the operation (operation_failed).
 MANUAL_OPERATION_DAG = {
     "schedule": None,
     "start_date": START_DATE,
     "catchup": False,
     "is_paused_upon_creation": False,
-    "default_args": {"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+    "default_args": {"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30),
+                     "on_failure_callback": operation_failed},
 }
 
 
@@ -37,13 +111,14 @@ def job_param(title: str = "Pipeline", description: str = "The pipeline (job) to
 
 
 def resumed_run_conf(state: dict, spark_conn_id: str, after: str, settings: dict | None = None,
-                     handover: str | None = None) -> dict:
+                     handover: str | None = None, triggered_at=None) -> dict:
     """The conf of the run that starts the job again after the operation ``after``
     (``restore`` or ``rescale``): continuous if the job ran continuously before it, otherwise
     scheduled (available-now); the job and ``mode``/``job_was_running`` come from ``state``
     (the operation's XCom, or :func:`current_state`). A run started before the operation
     stops the job also gets the operation's ``settings`` and the ``handover`` it waits for
-    (:func:`resume_job_before_stop`)."""
+    (:func:`resume_job_before_stop`), and the operation's trigger time ``triggered_at`` (a
+    datetime: the run that proves the operation records it, :func:`operation_run`)."""
     continuous = state["mode"] == "continuous" and state["job_was_running"]
     conf = {"job": state["job"], "mode": "continuous" if continuous else "scheduled", "spark_conn_id": spark_conn_id,
             RESUMES_CONF_KEY: after}
@@ -51,6 +126,8 @@ def resumed_run_conf(state: dict, spark_conn_id: str, after: str, settings: dict
         conf[SETTINGS_CONF_KEY] = settings
     if handover is not None:
         conf[HANDOVER_CONF_KEY] = handover
+    if triggered_at is not None:
+        conf[TRIGGERED_AT_CONF_KEY] = _utc(triggered_at).isoformat()
     return conf
 
 
@@ -84,8 +161,9 @@ def resumed_run_prefix(after: str) -> str:
     return f"{after}d__"
 
 
-def _trigger_resumed_run(after: str, job: str, conf: str, doc_md: str):
-    """The ``resume`` task: a run of ``ingest_<job>`` (``job`` and ``conf``: templates)."""
+def _trigger_resumed_run(after: str, job: str, conf: str, doc_md: str, proves: bool):
+    """The ``resume`` task: a run of ``ingest_<job>`` (``job`` and ``conf``: templates); the
+    operation's proof when ``proves`` (a restore's: it follows ``verify_restored``)."""
     from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 
     return TriggerDagRunOperator(
@@ -95,6 +173,7 @@ def _trigger_resumed_run(after: str, job: str, conf: str, doc_md: str):
         conf=conf,
         wait_for_completion=False,
         doc_md=doc_md,
+        **({"on_success_callback": operation_proven} if proves else {}),
     )
 
 
@@ -116,9 +195,10 @@ def resume_job_before_stop(after: str = "rescale"):
     return _trigger_resumed_run(
         after, "params.job",
         f"{{{{ resumed_run_conf(current_state(params.job), params.spark_conn_id, '{after}', "
-        f"rescale_settings(params), run_id) }}}}",
+        f"rescale_settings(params), run_id, dag_run.run_after) }}}}",
         f"Start the job's run for the {after} at once, on the new settings: its driver starts while the "
-        f"savepoint is taken and waits for the {after} to hand the stopped job over (checks and quality after it).")
+        f"savepoint is taken and waits for the {after} to hand the stopped job over (checks and quality after it; "
+        f"its verify proves the {after}).", proves=False)
 
 
 def resume_job(state, after: str):
@@ -136,4 +216,5 @@ def resume_job(state, after: str):
     pulled = f"ti.xcom_pull(task_ids='{state.operator.task_id}')"
     return _trigger_resumed_run(
         after, f"{pulled}['job']", f"{{{{ resumed_run_conf({pulled}, params.spark_conn_id, '{after}') }}}}",
-        f"Start the job after the {after}: a run of its ingest DAG (checks and quality after it).")
+        f"Start the job after the {after}: a run of its ingest DAG (checks and quality after it). "
+        f"The {after} is done, proven, once this task has started the job.", proves=True)

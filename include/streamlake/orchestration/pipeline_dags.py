@@ -17,7 +17,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from streamlake.orchestration.dag_parts import HANDOVER_CONF_KEY, RESUMES_CONF_KEY, SETTINGS_CONF_KEY, START_DATE
+from streamlake.orchestration.dag_parts import (
+    HANDOVER_CONF_KEY,
+    RESUMES_CONF_KEY,
+    SETTINGS_CONF_KEY,
+    START_DATE,
+    operation_failed,
+    operation_proven,
+)
 
 INGEST_EVERY_MINUTES = int(os.environ.get("STREAMLAKE_INGEST_EVERY_MINUTES", "5"))
 # Two runs at a time, each task one run at a time: a run's job (its ingest or supervisor) starts
@@ -164,9 +171,11 @@ its `ingest_available_now` is skipped and says why (the continuous job keeps eve
             handover=f"{{{{ dag_run.conf.get('{HANDOVER_CONF_KEY}') or '' }}}}",
             doc_md="The pipeline's stages, available-now, one after the other: on the Spark Connect server, "
                    "or a spark-submit of its own (the log says which and why).",
+            on_failure_callback=operation_failed,  # in a rescale's run: the rescale failed
             inlets=topics, outlets=tables, **ONE_RUN_AT_A_TIME)
 
-        @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables, **ONE_RUN_AT_A_TIME)
+        @task(task_id="supervise_continuous", retries=0, inlets=topics, outlets=tables,
+              on_failure_callback=operation_failed, **ONE_RUN_AT_A_TIME)
         def supervise(params: dict, dag_run=None) -> dict:
             """Run the processing-time job under the restart strategy; retries are the strategy's job."""
             from streamlake.orchestration.tasks import supervise_continuous
@@ -183,6 +192,8 @@ its `ingest_available_now` is skipped and says why (the continuous job keeps eve
         verify = JobVerifyOperator(
             task_id="verify", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
             quality=False, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS, **ONE_RUN_AT_A_TIME,
+            # in the run a rescale started, this proves (or fails) the rescale (operation_outcomes)
+            on_success_callback=operation_proven, on_failure_callback=operation_failed,
             doc_md="The proof: bronze vs Kafka, every bronze row once downstream, gold vs a recompute from silver.")
         quality = JobQualityOperator(
             task_id="quality", job_name=job.name, spark_conn_id="{{ params.spark_conn_id }}", operation=operation,
@@ -249,7 +260,8 @@ Shell: `streamlake backfill --job {job.name} [--aggregate NAME] [--from T1 --to 
         max_active_runs=1,
         is_paused_upon_creation=False,
         tags=["streamlake", "backfill", "late-data", f"pipeline:{job.name}"],
-        default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30)},
+        default_args={"owner": "streamlake", "retries": 1, "retry_delay": dt.timedelta(seconds=30),
+                      "on_failure_callback": operation_failed},
         params={
             "aggregate": Param(None, type=["null", "string"], enum=[None, *aggregates], title="Aggregate",
                                section="What", values_display={"null": "every aggregate"},
@@ -289,7 +301,7 @@ Shell: `streamlake backfill --job {job.name} [--aggregate NAME] [--from T1 --to 
             doc_md="jobs/backfill.py on the Spark Connect server (spark-submit when none answers): restate the "
                    "windows, mark late events applied, prove and record.")
 
-        @task(task_id="report")
+        @task(task_id="report", on_success_callback=operation_proven)
         def report(window: dict) -> dict:
             """The windows restated, the late events applied and the checks' verdicts."""
             from streamlake.orchestration.tasks import backfill_report
