@@ -270,8 +270,9 @@ def _prometheus(port: int, path: str):
 def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_path):
     """`streamlake metrics start` as make run calls it: the exporter and Debian's Prometheus as
     platform services; Prometheus's API returns the lake's values (rows, lag, quarantine by
-    reason, as the test computes them) and holds the rules; the check and critical-expectation
-    failures recorded above fire their alerts, and records arriving while the job is stopped
+    reason, as the test computes them) and holds the rules; a Kafka audit the test makes fail (its
+    expected offsets one past bronze's), the check, critical-expectation and operation failures
+    recorded above fire their alerts, and records arriving while the job is stopped
     fire the lag and no-commit alerts (the rules' durations shortened). A port in use is one line."""
     from streamlake.monitoring import services
 
@@ -286,6 +287,14 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
         assert path.name != "alerts.yml" or '{table="bronze"}) > 900' in text
         (rules / path.name).write_text(text.replace('{table="bronze"}) > 900', '{table="bronze"}) > 5'))
     record_failures(lake)  # what the check and critical-expectation alerts fire on
+    # and a real check that fails: bronze's Kafka audit against the offsets a savepoint would claim
+    # if it held one more record of partition 0 than bronze does (it passes as a plain audit)
+    from streamlake.kafka.offsets import TopicPartition
+    from streamlake.operations.consistency import check_consistency
+
+    claimed = {TopicPartition(job.source_topics[0], 0): sum(1 for r in first if r["partition"] == 0) + 1}
+    audit = check_consistency(job, "metrics-test", expected_offsets=claimed)
+    assert not audit.passed and audit.report.exactly_once and "OFFSETS DIFFER" in audit.summary, audit.summary
     record_operations(lake, f"p-{uuid.uuid4().hex[:6]}")  # and the operation alert: the last rescale failed
     exporter_port, prometheus_port = _free_port(), _free_port()
     # every 4 s (the scrape timeout too): the exporter scrapes every job of the worker's home, whose
@@ -325,6 +334,9 @@ def test_a_real_prometheus_scrapes_the_exporter_and_loads_the_rules(lake, tmp_pa
                 break
             time.sleep(1)
         assert ("StreamLakeCheckFailed", job.name) in firing
+        failed_checks = {a["labels"]["check"] for a in _prometheus(prometheus_port, "/api/v1/alerts")["alerts"]
+                         if a["labels"]["alertname"] == "StreamLakeCheckFailed" and a["state"] == "firing"}
+        assert failed_checks == {"kafka-audit", "gold"}, failed_checks
         assert ("StreamLakeCriticalQualityExpectationFailed", job.name) in firing
         assert ("StreamLakeOperationFailed", job.name) in firing
         # the job stays stopped while records keep arriving: the lag and no-commit alerts fire
