@@ -612,3 +612,27 @@ def test_rescale_throughput_measures_the_rescale_its_run_completes(tmp_path):
         assert measure_rescale(job.name, "manual__d", wait_s=60)["throughput_after"]["rows_per_second"] == 350.0
     finally:
         late.join()
+
+
+def test_an_operation_run_is_timed_from_its_trigger():
+    """Trigger to proof: a run triggered by hand from its run_after (the click); a scheduled run
+    from its start, not from the end of its data interval (an hour past when the platform was
+    down then); a rescale's run from the rescale's trigger in its conf."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from streamlake.orchestration.dag_parts import operation_run
+
+    utc = dt.timezone.utc
+    due, started = dt.datetime(2026, 12, 7, 2, 0, tzinfo=utc), dt.datetime(2026, 12, 7, 2, 36, 5, tzinfo=utc)
+
+    def context(dag_id, run_type, conf=None):
+        run = SimpleNamespace(run_id="r1", run_type=run_type, run_after=due, start_date=started, conf=conf)
+        return {"dag": SimpleNamespace(dag_id=dag_id), "dag_run": run, "params": {"job": "orders"}}
+
+    assert operation_run(context("savepoint", "manual")) == ("savepoint", "orders", "r1", due)
+    assert operation_run(context("backfill_orders", "scheduled")) == ("backfill", "orders", "r1", started)
+    rescaled = {"resumes": "rescale", "handover": "manual__9", "operation_triggered_at": "2026-12-07T01:00:00+00:00"}
+    assert operation_run(context("ingest_orders", "manual", rescaled)) == (
+        "rescale", "orders", "manual__9", dt.datetime(2026, 12, 7, 1, 0, tzinfo=utc))
+    assert operation_run(context("ingest_orders", "scheduled", {})) is None

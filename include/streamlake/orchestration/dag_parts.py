@@ -26,7 +26,7 @@ TRIGGERED_AT_CONF_KEY = "operation_triggered_at"
 # with ``resumes: rescale``): Airflow calls it when a task failed for good, its retries spent.
 # ``operation_proven`` is the ``on_success_callback`` of each operation's proof (that module's
 # docstring says which task). In any other run both do nothing. The trigger time is the
-# operation run's ``run_after``; a rescale passes its own to the run that proves it
+# operation run's (triggered_at); a rescale passes its own to the run that proves it
 # (TRIGGERED_AT_CONF_KEY), which records the outcome under the rescale's run id (its handover).
 # A callback never fails its task: a recording that fails is logged.
 
@@ -37,6 +37,15 @@ def _utc(value) -> dt.datetime:
     return dt.datetime.fromtimestamp(value.timestamp(), tz=dt.timezone.utc)
 
 
+def triggered_at(run) -> dt.datetime:
+    """When the DAG run ``run`` was triggered: a manual run's ``run_after`` (the click, the REST
+    call); a scheduled or backfill run's start (its ``run_after`` is the end of its data
+    interval, which may be long past when the platform was down)."""
+    if str(getattr(run.run_type, "value", run.run_type)) == "manual" or run.start_date is None:
+        return _utc(run.run_after)
+    return _utc(run.start_date)
+
+
 def operation_run(context) -> tuple[str, str, str, dt.datetime] | None:
     """(operation, job, run id, triggered at) of the operation the task's run belongs to, or
     None when the run is no operation's."""
@@ -45,15 +54,15 @@ def operation_run(context) -> tuple[str, str, str, dt.datetime] | None:
     conf = run.conf or {}
     params = context.get("params") or {}
     if dag_id in ("savepoint", "rescale"):
-        return dag_id, params["job"], run.run_id, _utc(run.run_after)
+        return dag_id, params["job"], run.run_id, triggered_at(run)
     if dag_id == "restore":
         restored = context["ti"].xcom_pull(task_ids="restore") or {}
-        return "restore", restored.get("job") or params["job"], run.run_id, _utc(run.run_after)
+        return "restore", restored.get("job") or params["job"], run.run_id, triggered_at(run)
     if dag_id.startswith("backfill_"):
-        return "backfill", dag_id.removeprefix("backfill_"), run.run_id, _utc(run.run_after)
+        return "backfill", dag_id.removeprefix("backfill_"), run.run_id, triggered_at(run)
     if dag_id.startswith("ingest_") and conf.get(RESUMES_CONF_KEY) == "rescale":
         return ("rescale", dag_id.removeprefix("ingest_"), conf.get(HANDOVER_CONF_KEY) or run.run_id,
-                _utc(conf.get(TRIGGERED_AT_CONF_KEY) or run.run_after))
+                _utc(conf.get(TRIGGERED_AT_CONF_KEY) or triggered_at(run)))
     return None
 
 
