@@ -6,6 +6,10 @@ The commands are the lines of the fenced blocks marked ``sh``, ``bash``, ``shell
 
 * **run here**: cheap commands (a few seconds at most: ``--help``, ``pipeline validate``, listings
   of a home of the test's own) that this file runs itself, with the exit status each must have;
+* **run beside the platform** (ON_THE_PLATFORM): commands a document gives for a shell beside
+  ``make run``, which ``tests/test_live_platform.py`` runs as typed against the platform it starts;
+* **walked through** (WALK_THROUGH): the shell walk-through of docs/definitions.md, which
+  ``tests/test_docs_walkthrough.py`` runs as typed;
 * **mapped** to the test that runs it (``tests/<file>.py::<test>``, which must exist), with a note
   saying how that test runs it: only where the test really runs the command;
 * **marked** in the document, with a trailing comment that says ``not run by the tests`` and why
@@ -52,6 +56,37 @@ RUN_HERE: dict[str, int] = {
     f"{SL} kafka status": 1,
 }
 
+# Commands for a shell beside `make run`'s platform: tests/test_live_platform.py runs each as
+# typed (a shell, the repository's root, the platform's environment) once the operations of its
+# first tests are done, and finds in its output (the terminal's: stdout and stderr) the regular
+# expression given here.
+ON_THE_PLATFORM: dict[str, str] = {
+    f"{SL} backfill --job sensors --dry-run": r"would restate",
+    f"{SL} savepoint create --job sensors": r"^sp-\d{8}-\d{6}-[0-9a-f]+$",
+    f'{SL} savepoint create --job sensors --note "before the change"': r"^sp-\d{8}-\d{6}-[0-9a-f]+$",
+    f'{SL} sql "SELECT * FROM sensors.gold_per_minute ORDER BY window_start DESC LIMIT 5"': r"\(5 rows\)",
+    f'{SL} sql "SELECT sensor_id, window_start, count, avg_temperature FROM sensors.gold_per_minute '
+    f'ORDER BY window_start DESC LIMIT 5"': r"\(5 rows\)",
+    f'{SL} sql --json "SELECT reason, count(*) AS n FROM sensors.quarantine GROUP BY reason"': r'"reason": "',
+}
+
+
+# docs/definitions.md's walk-through: tests/test_docs_walkthrough.py runs it as typed (a scenario).
+WALK_THROUGH = (
+    f"{SL} produce --definition pipelines/orders.yaml --count 3000 --rate 500 --late-fraction 0.05 "
+    "--out-of-order-seconds 10 --malformed-fraction 0.02 --duplicate-fraction 0.02 --seed 7",
+    f"{SL} pipeline run --definition pipelines/orders.yaml --root data/orders --available-now",
+    f"{SL} backfill --root data/orders --aggregate revenue_5m --dry-run",
+    f"{SL} check --root data/orders",
+    f"{SL} quality run --root data/orders --table gold/revenue_5m",
+)
+
+
+def key(command: str) -> str:
+    """A command as the shell splits it, words joined by one space (quotes gone)."""
+    return " ".join(shlex.split(command))
+
+
 # Commands another test runs: the command -> (the test, how it runs it, the call in that test's
 # body that runs it: a regular expression test_every_mapped_test_runs_its_command looks for).
 MAPPED: dict[str, tuple[str, str, str]] = {
@@ -63,6 +98,11 @@ MAPPED: dict[str, tuple[str, str, str]] = {
         "tests/test_kafka_broker.py::test_start_status_stop_and_topics_survive_a_restart",
         "runs `streamlake kafka stop` on the cluster it started",
         r'_cli\(home, "stop"\)'),
+    f"{SL} metrics show": (
+        "tests/test_live_platform.py::assert_operation_metrics",
+        "runs `streamlake metrics show` on the platform as `make run` starts it, after its operations "
+        "(test_a_rescale_no_worker_can_host_is_refused_before_the_stop calls it)",
+        r'streamlake\("metrics", "show"'),
     f"{SL} check --job orders": (
         "tests/test_live_platform.py::test_airflow_backfill_restates_data_intervals_and_every_check_passed",
         "runs `streamlake check --job orders --operation check-by-hand` on the platform as `make run` starts it "
@@ -80,7 +120,7 @@ class Command:
 
     @property
     def key(self) -> str:
-        return " ".join(shlex.split(self.text))
+        return key(self.text)
 
     def __str__(self) -> str:
         return f"{self.document}:{self.line}: {self.text}"
@@ -163,8 +203,10 @@ def test_the_parser_reads_blocks_continuations_comments_and_prompts(tmp_path):
 def test_every_command_in_the_documents_is_run_mapped_or_marked():
     commands = every_command()
     assert len(commands) >= 20, f"only {len(commands)} commands found: is the parser still right?"
+    run_elsewhere = {key(c) for c in [*ON_THE_PLATFORM, *WALK_THROUGH]}
     unaccounted = [str(c) for c in commands
-                   if c.key not in RUN_HERE and c.key not in MAPPED and MARK not in c.comment]
+                   if c.key not in RUN_HERE and c.key not in MAPPED and c.key not in run_elsewhere
+                   and MARK not in c.comment]
     assert not unaccounted, (
         "commands neither run by a test nor marked in their document (run it in "
         "tests/test_docs_commands.py, map it to the test that runs it, or end it with "
@@ -173,9 +215,10 @@ def test_every_command_in_the_documents_is_run_mapped_or_marked():
                              and not re.search(re.escape(MARK) + r"[^:]*:\s*\S", c.comment)]
     assert not marked_without_reason, "marked as not run without saying why:\n" + "\n".join(marked_without_reason)
     keys = {c.key for c in commands}
-    stale = sorted(k for k in [*RUN_HERE, *MAPPED] if k not in keys)
+    stale = sorted(k for k in [*RUN_HERE, *MAPPED, *run_elsewhere] if k not in keys)
     assert not stale, f"in this file but in no document any more: {stale}"
-    doubly = sorted(c.key for c in commands if MARK in c.comment and (c.key in RUN_HERE or c.key in MAPPED))
+    doubly = sorted(c.key for c in commands if MARK in c.comment and (c.key in RUN_HERE or c.key in MAPPED
+                                                                      or c.key in run_elsewhere))
     assert not doubly, f"marked as not run in a document, yet run or mapped here: {doubly}"
 
 

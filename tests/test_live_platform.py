@@ -248,6 +248,23 @@ def assert_operation_metrics(live_platform) -> None:
             operation != "rescale"), (pipeline, operation)
 
 
+def test_the_documents_shell_commands_run_beside_the_platform(live_platform):
+    """The commands the README and docs/ give for a shell beside `make run`
+    (test_docs_commands.ON_THE_PLATFORM), as typed: from the repository's root, in the platform's
+    environment. Each exits 0 with what it must say."""
+    import subprocess
+
+    from test_docs_commands import ON_THE_PLATFORM, ROOT, every_command, key
+
+    typed = {c.key: c.text for c in every_command()}
+    for command, says in ON_THE_PLATFORM.items():
+        text = typed[key(command)]
+        done = subprocess.run(text, shell=True, cwd=ROOT, env=live_platform.env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0 and re.search(says, done.stdout + done.stderr, re.M), (
+            text, done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+
+
 def test_the_views_read_well_in_the_browser(live_platform, page):
     """After the operations above: what a user reads in the StreamLake views."""
     from playwright.sync_api import expect
