@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -219,3 +220,19 @@ class SteadyProducer:
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} load {load():.1f}] {message}", file=sys.stderr, flush=True)
+
+
+def run_job(cmd: list[str], log: Path, env: dict | None = None, new_session: bool = False) -> tuple[int, float]:
+    """Run a Spark job's command to its end: its stderr and stdout into ``log``, the stdout lines
+    that are not Spark's INFO/WARN log lines echoed to the terminal (the job's own progress);
+    (exit status, wall seconds). ``new_session``: in a process group of its own."""
+    started = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, text=True, env=env,
+                                start_new_session=new_session)
+        for line in proc.stdout:  # Spark's driver puts the job's log lines here too
+            fh.write(line)
+            if " INFO " not in line and " WARN " not in line:
+                print(f"  {line.rstrip()}", file=sys.stderr)
+        code = proc.wait()
+    return code, time.perf_counter() - started

@@ -49,7 +49,6 @@ import multiprocessing as mp
 import os
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -62,6 +61,7 @@ from common import (  # noqa: E402
     machine,
     private_broker,
     progress,
+    run_job,
     spark_cores,
     target_line,
     write_results,
@@ -208,15 +208,7 @@ def ingest(topic: str, tag: str, master: str, max_offsets: int, min_partitions: 
         cmd += ["--min-partitions", str(min_partitions)]
     log = WORK / f"ingest-{tag}.log"
     before = load()
-    started = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, text=True)
-        for line in proc.stdout:  # Spark's driver puts the job's log lines here too
-            fh.write(line)
-            if " INFO " not in line and " WARN " not in line:
-                print(f"  {line.rstrip()}", file=sys.stderr)
-        code = proc.wait()
-    wall = time.perf_counter() - started
+    code, wall = run_job(cmd, log)
     if code != 0:
         raise SystemExit(f"ingest failed (exit {code}); see {log}")
     batches = [json.loads(line) for line in progress_file(checkpoint).read_text().splitlines()]

@@ -80,6 +80,7 @@ from common import (  # noqa: E402
     machine,
     private_broker,
     progress,
+    run_job,
     rewrite_results,
     spark_cores,
     write_results,
@@ -178,16 +179,7 @@ def textbook_throughput(topic: str, tag: str, args, max_offsets: int) -> dict:
     cmd = textbook_command(topic, root, args, ["--available-now", "--max-offsets-per-trigger", str(max_offsets)])
     log = root / "job.log"
     before = load()
-    started = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, text=True, env=job_environment(),
-                                start_new_session=True)
-        for line in proc.stdout:
-            fh.write(line)
-            if " INFO " not in line and " WARN " not in line:
-                print(f"  {line.rstrip()}", file=sys.stderr)
-        code = proc.wait()
-    wall = time.perf_counter() - started
+    code, wall = run_job(cmd, log, env=job_environment(), new_session=True)
     if code != 0:
         raise SystemExit(f"the textbook job failed (exit {code}); see {log}")
     batches = [b for b in _read_batches(root / "progress.jsonl") if b["numInputRows"]]
