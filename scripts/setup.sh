@@ -84,25 +84,38 @@ if [ -x "$PROM_DIR/usr/bin/promtool" ]; then echo "setup: prometheus $(cat "$PRO
 
 # The local S3 API server (moto) in a venv of its own: its botocore and the platform's lock
 # disagree on python-dateutil. Tests and the optional object-store mode start it.
+# It installs beside the jar sets and .venv (below): each writes only its own files.
 S3_VENV=.venv-s3
 s3_want="$(sha256sum requirements-s3.txt | cut -d' ' -f1)"
-if [ ! -f "$S3_VENV/.installed" ] || [ "$(cat "$S3_VENV/.installed")" != "$s3_want" ] || [ ! -x "$S3_VENV/bin/moto_server" ]; then
-  echo "setup: installing the local S3 server (moto) into $S3_VENV"
-  [ -x "$S3_VENV/bin/python" ] || "$PYTHON" -m venv "$S3_VENV"
-  "$S3_VENV/bin/python" -m pip install --quiet -r requirements-s3.txt
-  echo "$s3_want" > "$S3_VENV/.installed"
-fi
+install_s3_server() {
+  if [ ! -f "$S3_VENV/.installed" ] || [ "$(cat "$S3_VENV/.installed")" != "$s3_want" ] || [ ! -x "$S3_VENV/bin/moto_server" ]; then
+    echo "setup: installing the local S3 server (moto) into $S3_VENV"
+    [ -x "$S3_VENV/bin/python" ] || "$PYTHON" -m venv "$S3_VENV"
+    "$S3_VENV/bin/python" -m pip install --quiet -r requirements-s3.txt
+    echo "$s3_want" > "$S3_VENV/.installed"
+  fi
+}
+install_s3_server & s3_job=$!
 
 # Jar sets (jars/<set>.pom.xml, locked by jars/<set>.sha256) from Maven Central into
 # .venv/jars/<set>/, checked, once: the Apache Kafka broker (streamlake.platform.broker), and
 # what every Spark JVM has on its class path: Delta's Spark connector, Spark's Kafka source
 # and Hadoop's s3a (streamlake.spark.session.spark_class_path).
 # Needs mvn; scripts/jars.sh says how it works, `make lock-jars` re-locks a changed pom.
-bash scripts/jars.sh fetch || exit 1
+# Fetched while .venv installs; the class archive (last) needs both.
+bash scripts/jars.sh fetch & jars_job=$!
+# a set-up that stops early stops what runs beside it
+trap 'kill $s3_job $jars_job 2>/dev/null || true' EXIT
+beside_done() {
+  wait "$s3_job" || die "installing the local S3 server (moto) into $S3_VENV failed (pip's error above)"
+  wait "$jars_job" || exit 1  # scripts/jars.sh said why
+  trap - EXIT
+}
 
 want="$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/streamlake" ]; then
   echo "setup: .venv is up to date (Java $major)."
+  beside_done
   # The Spark JVMs' class archive (streamlake.spark.class_archive): built once, about 40 s.
   "$VENV/bin/python" -m streamlake.spark.class_archive
   exit 0
@@ -119,5 +132,6 @@ print(f"setup: pyspark {pyspark.__version__}, deltalake {deltalake.__version__},
       f"confluent-kafka {confluent_kafka.version()}, airflow {airflow.__version__}")
 PY
 echo "$want" > "$STAMP"
+beside_done
 "$VENV/bin/python" -m streamlake.spark.class_archive --rebuild
 echo "setup: done (Java $major)."
