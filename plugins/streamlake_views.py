@@ -749,11 +749,23 @@ def _definition_error(error: str | None) -> str:
             "tables were built with (<code>streamlake pipeline validate FILE</code>).</p>")
 
 
+def _pipeline_overviews(names: list[str]) -> list[dict]:
+    """:func:`_pipeline_overview` of each pipeline, side by side (each waits on its store and its
+    Kafka cluster: with Kafka down, every pipeline's freshness gives up after the same 3 s,
+    not one pipeline's 3 s after another's), in the order of ``names``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(names) <= 1:
+        return [_pipeline_overview(n) for n in names]
+    with ThreadPoolExecutor(max_workers=min(8, len(names)), thread_name_prefix="pipeline-overview") as pool:
+        return list(pool.map(_pipeline_overview, names))
+
+
 @app.get("/api/pipelines")
 def api_pipelines() -> list[dict]:
     from streamlake.operations.jobs import list_jobs
 
-    return json.loads(json.dumps([_pipeline_overview(n) for n in list_jobs()], default=str))
+    return json.loads(json.dumps(_pipeline_overviews(list_jobs()), default=str))
 
 
 @app.get("/pipelines", response_class=HTMLResponse)
@@ -769,8 +781,7 @@ def pipelines(request: Request) -> HTMLResponse:
             "<code>streamlake job define</code>) is a pipeline: its DAGs run it, these pages show it. "
             "<code>streamlake pipeline validate FILE</code> shows what a definition makes.</p>"]
     names = list_jobs()
-    for name in names:
-        p = _pipeline_overview(name)
+    for name, p in zip(names, _pipeline_overviews(names)):
         q = p["quality"]
         rows = [[_td(t), f"<td><code>{html.escape(sql_name(name, t))}</code></td>", _td("-" if v is None else f"v{v}" if isinstance(v, int) else v, "num"), _td(q.get(t, "-"), q.get(t, "")),
                  _td(p["pending_late_events"].get(t.split("/", 1)[1], "") if t.startswith("late_events/") else "",

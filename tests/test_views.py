@@ -137,3 +137,25 @@ def test_a_definition_that_does_not_load_is_listed_with_why_and_the_others_stay(
     assert [Path(f).name for f in dags.import_errors] == ["pipeline_definitions.py"], dags.import_errors
     assert "typo.yaml: schema.amount: " in next(iter(dags.import_errors.values()))
     assert not any("typo" in d for d in dags.dag_ids)
+
+
+def test_the_pipelines_are_read_side_by_side_in_their_order(monkeypatch):
+    """Each pipeline's overview waits on its store and Kafka (3 s when Kafka does not answer):
+    four of them take about one's time, not four times it, and come back in the order asked."""
+    import threading
+    import time
+
+    from helpers import views_plugin
+
+    plugin = views_plugin("streamlake_views_side_by_side")
+    threads = set()
+
+    def overview(name):
+        threads.add(threading.get_ident())
+        time.sleep(0.5)  # one pipeline's wait on Kafka
+        return {"name": name}
+
+    monkeypatch.setattr(plugin, "_pipeline_overview", overview)
+    started = time.monotonic()
+    assert [p["name"] for p in plugin._pipeline_overviews(["d", "a", "c", "b"])] == ["d", "a", "c", "b"]
+    assert len(threads) == 4 and time.monotonic() - started < 4 * 0.5, time.monotonic() - started
