@@ -495,3 +495,21 @@ def test_a_table_deleted_and_made_again_is_not_answered_from_the_old_ones_cache(
     assert rows() == 5
     write_deltalake(path, pa.table({"x": [6]}), mode="append")
     assert rows() == 6
+
+
+def test_what_a_scrape_no_longer_reads_leaves_the_caches(lake):
+    """A job the exporter reported and then no longer knows (deleted) leaves nothing behind in its
+    caches; the next scrape of it reads it again with the same answers."""
+    job = lake["job"]
+    jobs = [job.name]
+    collector = PlatformCollector(jobs=lambda: list(jobs))
+    first = scrape(collector)
+    assert any(path.startswith(job.root) for path in collector._tables) and collector._progress
+    jobs.clear()
+    scrape(collector)
+    assert not any(path.startswith(job.root) for path in collector._tables), list(collector._tables)
+    assert not any(str(key[1]).startswith(job.root) for key in collector._cache) and not collector._progress
+    jobs.append(job.name)
+    again = scrape(collector)
+    rows = lambda samples: values(samples, "streamlake_table_rows_total", pipeline=job.name)  # noqa: E731
+    assert rows(again) == rows(first) and rows(first)

@@ -58,7 +58,8 @@ removed rows; a backfill marking late events applied is one), pending late event
 way, check/quality results again only when their table has a new version, progress
 lines only past where the previous scrape stopped. A restart
 reads everything once. The caches never change an answer: each is keyed by the version (or
-file size) it was computed at.
+file size) it was computed at; what a scrape did not read (a job deleted, a table moved) is
+dropped from them at its end.
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ class PlatformCollector:
         self._tables: dict[str, tuple] = {}  # path -> (DeltaTable, first commit's identity), kept open
         self._cache: dict[tuple, tuple[int, object]] = {}  # (what, path) -> (version, value)
         self._progress: dict[str, _Progress] = {}
+        self._touched: set[str] = set()
         self.last_duration_s: float | None = None
 
     def describe(self):
@@ -213,12 +215,15 @@ class PlatformCollector:
         with self._lock:
             started = time.monotonic()
             self._unanswered: dict[tuple, str] = {}  # Kafka clusters that did not answer this scrape
+            self._touched: set[str] = set()  # the tables this scrape opened
             families = self._families()
-            for name in self._job_names(families):
+            names = self._job_names(families)
+            for name in names:
                 try:
                     self._collect_job(name, families)
                 except Exception as exc:  # noqa: BLE001 - one job's failure never hides the others
                     self._error(families, name, "job", exc)
+            self._forget(set(names))
             self.last_duration_s = time.monotonic() - started
             duration = GaugeMetricFamily("streamlake_scrape_duration_seconds",
                                          "time this scrape took to compute every value")
@@ -270,12 +275,23 @@ class PlatformCollector:
             return False
         return True
 
+    def _forget(self, jobs: set[str]) -> None:
+        """Drop what the caches hold for tables and jobs this scrape did not read (a job deleted,
+        a table moved): the exporter runs for months while jobs come and go."""
+        for path in [p for p in self._tables if p not in self._touched]:
+            del self._tables[path]
+        for key in [k for k in self._cache if k[1] not in self._touched]:
+            del self._cache[key]
+        for job in [j for j in self._progress if j not in jobs]:
+            del self._progress[job]
+
     def _table(self, path: str):
         """The table at ``path``, at its newest version (kept open between scrapes, reopened
         when its first commit file is not the one it was opened with: a table deleted and made
         again). Raises FileNotFoundError when there is none yet."""
         from streamlake.delta.table import open_table
 
+        self._touched.add(path)
         identity = _first_commit_identity(path)
         kept = self._tables.get(path)
         if kept is not None and kept[1] == identity:
