@@ -73,9 +73,9 @@ def _record_outcome(context, outcome: str) -> None:
         found = operation_run(context)
         if found is None:
             return
-        operation, job, run_id, triggered_at = found
+        operation, job, run_id, triggered = found
         error = context.get("exception")
-        row = record_outcome(operation, job, run_id, triggered_at, outcome, context["task"].task_id,
+        row = record_outcome(operation, job, run_id, triggered, outcome, context["task"].task_id,
                              error=f"{type(error).__name__}: {error}" if error else None)
         log.info("the %s of job %s (run %s): %s, %.1f s after its trigger", operation, job, run_id, outcome,
                  row["duration_s"])
