@@ -184,8 +184,7 @@ class _Progress:
                 seconds = ms / 1000.0
                 stage["count"] += 1
                 stage["sum"] += seconds
-                i = next((i for i, b in enumerate(BATCH_BUCKETS) if seconds <= b), len(BATCH_BUCKETS))
-                stage["buckets"][i] += 1
+                stage["buckets"][_bucket(seconds, BATCH_BUCKETS)] += 1
         return self.stages
 
 
@@ -541,16 +540,31 @@ class PlatformCollector:
             labels = [pipeline, *_stage_labels(stage)]
             families["streamlake_batch_last_input_rows"].add_metric(labels, s["last_rows"])
             families["streamlake_batch_input_rows_total"].add_metric(labels, s["rows"])
-            cumulative, buckets = 0, []
-            for bound, n in zip([*map(str, BATCH_BUCKETS), "+Inf"], s["buckets"]):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            families["streamlake_batch_duration_seconds"].add_metric(labels, buckets, s["sum"])
+            families["streamlake_batch_duration_seconds"].add_metric(
+                labels, _cumulative(s["buckets"], BATCH_BUCKETS), s["sum"])
+
+
+def _bucket(value: float, bounds: tuple[float, ...]) -> int:
+    """The index of the histogram bucket ``value`` falls in (len(bounds): above every bound)."""
+    return next((i for i, bound in enumerate(bounds) if value <= bound), len(bounds))
+
+
+def _cumulative(counts: list[int], bounds: tuple[float, ...]) -> list[tuple[str, int]]:
+    """Prometheus's cumulative buckets from per-bucket ``counts`` (one more than ``bounds``):
+    (upper bound, how many are at most it), ending with +Inf."""
+    out, total = [], 0
+    for bound, n in zip([*map(str, bounds), "+Inf"], counts):
+        total += n
+        out.append((bound, total))
+    return out
 
 
 def _histogram(values: list[float], bounds: tuple[float, ...]) -> list[tuple[str, int]]:
-    """Prometheus's cumulative buckets of ``values``: (upper bound, how many are at most it)."""
-    return [(str(bound), sum(1 for v in values if v <= bound)) for bound in bounds] + [("+Inf", len(values))]
+    """Prometheus's cumulative buckets of ``values``."""
+    counts = [0] * (len(bounds) + 1)
+    for value in values:
+        counts[_bucket(value, bounds)] += 1
+    return _cumulative(counts, bounds)
 
 
 # -- readers (no home elsewhere yet) -------------------------------------------------------------
