@@ -36,6 +36,7 @@ import datetime as dt
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -70,6 +71,7 @@ from streamlake.spark.session import is_connect
 log = logging.getLogger(__name__)
 
 WATERMARK_APP_ID = "streamlake:watermark"
+_LATE, _NEEDED = "_late", "_needed"  # a batch's rows: behind the watermark; in the versions gold's plan needs
 SOURCE = "silver"
 VERSION_COLUMN = "_commit_version"
 LINEAGE = ("topic", "partition", "offset")
@@ -162,24 +164,29 @@ def _keys(aggregate: Aggregate):
     return [F.col(f"`{k}`") for k in aggregate.keys]
 
 
-def aggregate_fixed(pairs, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None):
-    """Partials per key and fixed window; ``pairs`` has ``_wstart``/``_wend``."""
+def aggregate_fixed(pairs, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None,
+                    split_by: Sequence[str] = ()):
+    """Partials per key and fixed window; ``pairs`` has ``_wstart``/``_wend``. ``split_by``:
+    columns of ``pairs`` that split each group further (kept in the result)."""
     keys = _keys(aggregate)
     if partitions:
         pairs = pairs.repartition(partitions, *keys, "_wstart", "_wend")
-    return pairs.groupBy(*keys, "_wstart", "_wend").agg(*partial_columns(definition, aggregate))
+    return pairs.groupBy(*keys, "_wstart", "_wend", *split_by).agg(*partial_columns(definition, aggregate))
 
 
-def aggregate_sessions(events, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None):
+def aggregate_sessions(events, definition: PipelineDefinition, aggregate: Aggregate, partitions: int | None,
+                       split_by: Sequence[str] = ()):
     """Per key, the batch's own sessions (Spark's ``session_window``) with their partials;
-    they still have to be merged with each other and with gold's where they touch."""
+    they still have to be merged with each other and with gold's where they touch.
+    ``split_by``: columns of ``events`` whose values keep sessions apart (kept in the result)."""
     from pyspark.sql import functions as F
 
     keys = _keys(aggregate)
     if partitions:
         events = events.repartition(partitions, *keys) if keys else events.repartition(partitions)
     gap = f"{aggregate.window.size_ms} milliseconds"
-    grouped = events.groupBy(*keys, F.session_window(F.col(f"`{definition.event_time}`"), gap).alias("_s"))
+    grouped = events.groupBy(*keys, *split_by,
+                             F.session_window(F.col(f"`{definition.event_time}`"), gap).alias("_s"))
     partial = grouped.agg(*partial_columns(definition, aggregate))
     rest = [c for c in partial.columns if c not in ("_s", *aggregate.keys)]
     return partial.select(*keys, F.unix_micros("_s.start").alias("_wstart"), F.unix_micros("_s.end").alias("_wend"),
@@ -345,8 +352,9 @@ class GoldStage(DeltaFedStage):
     def process(self, df, batch: BatchRange) -> dict:
         """Write one micro-batch of silver events to late_events and gold (module docstring).
 
-        Spark runs two jobs on the batch (read once and cached): writing the late
-        events and aggregating the on-time ones; the rest happens on the driver."""
+        Spark runs one job on the batch (read once and cached), aggregating every event
+        split by late or on time, and a second one writing the late events only when
+        the first found any; the rest happens on the driver."""
         from pyspark.sql import functions as F
 
         gold = ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)
@@ -358,11 +366,19 @@ class GoldStage(DeltaFedStage):
         events = df.select(*[F.col(f"`{f}`") for f in self.definition.field_names], *LINEAGE,
                            VERSION_COLUMN).persist()
         try:
-            late_windows, on_time = self._classify(events, wm)
-            late = append_batch(self.late_path, self.late_spec(), self._late_rows(late_windows, wm, batch), batch,
+            flagged, late_windows = self._classify(events, wm)
+            # gold takes the on-time rows of the versions its plan needs (WritePlan.rows); late_events
+            # plans for itself, so whether the batch has late rows is asked of all of it
+            needed = F.lit(True) if plan.from_version is None else F.col(VERSION_COLUMN) >= plan.from_version
+            grouped = self._partials(flagged.withColumn(_NEEDED, needed), split_by=(_LATE, _NEEDED))
+            any_late = any(p[_LATE] for p in grouped)
+            partials = [{k: v for k, v in p.items() if k not in (_LATE, _NEEDED)} for p in grouped
+                        if p[_NEEDED] and not p[_LATE]]
+            # with no late event in the batch, late_events' commit only records the position: no Spark job
+            late = append_batch(self.late_path, self.late_spec(),
+                                self._late_rows(late_windows, wm, batch) if any_late else None, batch,
                                 source=self.source, stage=self.name, version_column=VERSION_COLUMN,
                                 stats_columns=self._late_stats(), storage=self.storage)
-            partials = self._partials(plan.rows(on_time, VERSION_COLUMN))
             new_wm = wm
             newest = max((p[MAX_EVENT] for p in partials if p[MAX_EVENT] is not None), default=None)
             if newest is not None:  # late events are behind the watermark: only on-time ones can move it
@@ -381,7 +397,8 @@ class GoldStage(DeltaFedStage):
         return (*ids, self.definition.event_time, *self.aggregate.keys, *LINEAGE, "silver_version", "applied")
 
     def _classify(self, events, wm: int | None):
-        """(late (event, window) pairs, on-time pairs or events) against watermark ``wm``."""
+        """Against watermark ``wm``: (the pairs (fixed windows) or events (sessions) with the
+        column ``_late``, the late (event, window) pairs)."""
         from pyspark.sql import functions as F
 
         window = self.aggregate.window
@@ -390,10 +407,10 @@ class GoldStage(DeltaFedStage):
             gap = window.size_ms * 1000
             is_late = F.lit(False) if wm is None else (t + F.lit(gap)) <= F.lit(wm * 1000)
             late = events.where(is_late).withColumn("_wstart", t).withColumn("_wend", F.col("_wstart") + F.lit(gap))
-            return late, events.where(~is_late)
+            return events.withColumn(_LATE, is_late), late
         pairs = window_pairs(events, window, self.definition.event_time)
         is_late = F.lit(False) if wm is None else F.col("_wend") <= F.lit(wm * 1000)
-        return pairs.where(is_late), pairs.where(~is_late)
+        return pairs.withColumn(_LATE, is_late), pairs.where(is_late)
 
     def _late_rows(self, late_pairs, wm: int | None, batch: BatchRange):
         """One late_events row per late event, with every closed window it belongs to."""
@@ -414,10 +431,9 @@ class GoldStage(DeltaFedStage):
             F.lit(None).cast("string").alias("applied_by"),
             F.to_date(F.col(f"`{self.definition.event_time}`")).alias("event_date"), VERSION_COLUMN)
 
-    def _partials(self, on_time) -> list[dict]:
-        if self.aggregate.window.is_session:
-            return partials_to_rows(aggregate_sessions(on_time, self.definition, self.aggregate, self.partitions))
-        return partials_to_rows(aggregate_fixed(on_time, self.definition, self.aggregate, self.partitions))
+    def _partials(self, rows, split_by: Sequence[str] = ()) -> list[dict]:
+        aggregate = aggregate_sessions if self.aggregate.window.is_session else aggregate_fixed
+        return partials_to_rows(aggregate(rows, self.definition, self.aggregate, self.partitions, split_by))
 
     def _commit(self, batch: BatchRange, partials: list[dict], new_wm: int | None) -> int:
         """Merge the partials into gold as one commit (re-planned if a backfill commits first)."""

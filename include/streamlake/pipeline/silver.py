@@ -104,9 +104,11 @@ class SilverStage(DeltaFedStage):
     def process(self, df, batch: BatchRange) -> dict:
         """Write one micro-batch of bronze rows to quarantine and silver (see the module docstring).
 
-        Spark runs three jobs on the batch (parsed once and cached): collecting the
-        valid events' ids and times for de-duplication, writing quarantine,
-        writing silver; the counts come from the written files."""
+        Spark runs up to three jobs on the batch (parsed once and cached): collecting
+        every record's verdict and the valid events' ids and times for
+        de-duplication, writing quarantine (not when the batch has no reject: its
+        commit then only records the position), writing silver; the counts come from
+        the written files."""
         from pyspark.sql import functions as F
 
         d = self.definition
@@ -114,7 +116,7 @@ class SilverStage(DeltaFedStage):
         parsed = parse_events(df, d).persist()
         try:
             batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
-            rejected = parsed.where(F.col(REASON).isNotNull()).select(
+            rejects = parsed.where(F.col(REASON).isNotNull()).select(
                 *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE],
                 F.col(f"{BRONZE}.timestamp").alias("kafka_timestamp"), F.col(f"{BRONZE}.key").alias("key"),
                 F.col(f"{BRONZE}.value").alias("value"), F.col(REASON).alias("reason"),
@@ -125,12 +127,17 @@ class SilverStage(DeltaFedStage):
             valid = parsed.where(F.col(REASON).isNull())
             dropped = pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
                                                                   ("offset", pa.int64()))})
-            candidates = 0
+            candidates, any_rejected = 0, True
             if d.event_id:
-                ids = valid.select(F.col(f"`{d.event_id}`").cast("string").alias("event_id"),
-                                   F.unix_micros(F.col(f"`{d.event_time}`")).alias("t"),
-                                   F.unix_micros(f"{BRONZE}.timestamp").alias("kt"),
-                                   *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE]).toArrow()
+                # one job: every row's verdict, and the valid ones' ids (the parse is cached by it)
+                verdicts = parsed.select(F.col(REASON).isNotNull().alias(REASON),
+                                         F.col(f"`{d.event_id}`").cast("string").alias("event_id"),
+                                         F.unix_micros(F.col(f"`{d.event_time}`")).alias("t"),
+                                         F.unix_micros(f"{BRONZE}.timestamp").alias("kt"),
+                                         *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE]).toArrow()
+                rejected = pc.fill_null(verdicts.column(REASON), False)
+                any_rejected = pc.any(rejected).as_py() or False
+                ids = verdicts.filter(pc.invert(rejected)).drop_columns([REASON])
                 candidates = ids.num_rows
                 dropped = self.duplicates(ids)
                 if dropped.num_rows:
@@ -147,10 +154,13 @@ class SilverStage(DeltaFedStage):
                 F.col(f"{BRONZE}.{VERSION_COLUMN}").alias("bronze_version"),
                 F.to_date(F.col(f"`{d.event_time}`")).alias("event_date"),
                 F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
-            quarantined = append_batch(self.quarantine_path, QUARANTINE, rejected, batch, source=self.source,
-                                       stage=self.name, version_column=VERSION_COLUMN,
+            # with no reject in the batch, quarantine's commit only records the position: no Spark job
+            quarantined = append_batch(self.quarantine_path, QUARANTINE, rejects if any_rejected else None, batch,
+                                       source=self.source, stage=self.name, version_column=VERSION_COLUMN,
                                        stats_columns=QUARANTINE_STATS, storage=self.storage)
-            written = append_batch(self.silver_path, spec, events, batch, source=self.source, stage=self.name,
+            any_event = not d.event_id or candidates > dropped.num_rows
+            written = append_batch(self.silver_path, spec, events if any_event else None, batch,
+                                   source=self.source, stage=self.name,
                                    version_column=VERSION_COLUMN, stats_columns=silver_stats_columns(d),
                                    metadata={"duplicates": dropped.num_rows}, storage=self.storage)
         finally:

@@ -193,7 +193,9 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                  storage: Mapping[str, str] | None = None) -> Appended | None:
     """Append ``rows`` (a Spark DataFrame in ``spec``'s schema; ``version_column``
     holds the upstream version each row was read from) to the table at ``path``
-    as micro-batch ``batch``, exactly once. Returns what was committed, or None
+    as micro-batch ``batch``, exactly once. ``rows`` None: the caller knows the
+    batch has no rows for this table; no Spark job runs, and the commit (no files)
+    still records the batch's position. Returns what was committed, or None
     when the table already has the batch (nothing is written). ``storage``: the
     options of a table on an object store, without secrets (see
     :func:`streamlake.delta.files.write_attempt_files`).
@@ -207,8 +209,9 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
             log.info("%s batch %d: %s already has it, nothing to write", stage, batch.batch_id, spec.name)
             return None
         attempt_id = uuid.uuid4().hex
-        files = write_attempt_files(plan.rows(rows, version_column), path, attempt_id, spec.file_schema.names,
-                                    stats_columns, partition_by=spec.partition_by, storage=storage)
+        files = [] if rows is None else write_attempt_files(
+            plan.rows(rows, version_column), path, attempt_id, spec.file_schema.names, stats_columns,
+            partition_by=spec.partition_by, storage=storage)
         kind = spec.name.split("/")[0]  # late_events/<aggregate>: the crash point of any aggregate's
         crash_point(f"after_files_{kind}", batch.batch_id)
         records = sum(f.num_records for f in files)
