@@ -54,8 +54,13 @@ LOG_TAIL_LINES = 20
 #: The nodes' JVM. Heap: a node of this configuration held 44-46 MiB live (16 MiB of it the
 #: cleaner's buffer, see server_properties), idle and after 1,000,000 records of 200 bytes
 #: (2026-12-06; resident 206-250 MiB per node). SerialGC: one GC thread and no concurrent ones on a 2-core machine
-#: that runs Spark beside it (Kafka's scripts pick G1 for large heaps).
-JVM_OPTIONS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
+#: that runs Spark beside it (Kafka's scripts pick G1 for large heaps). JIT stopped at C1, as in
+#: the platform's Spark JVMs (streamlake.spark.session): C2's compilations cost more CPU than they
+#: save in a local broker. Measured on 2 cores, 2026-12-07, a node's CPU from launch to started,
+#: 30 s idle, then 100,000 records of 1 KB produced at 5,000/s: 12.3 and 12.6 CPU-s with C2,
+#: 7.5 and 8.2 with C1 only (start 3.4 against 2.1).
+JVM_OPTIONS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+               "-XX:ReservedCodeCacheSize=240m", "-Djava.awt.headless=true")
 
 #: log4j2 configuration of every node: warnings and errors, and the lines saying that a node
 #: starts, started and stops (the default INFO writes the whole configuration, ~1,200 lines
