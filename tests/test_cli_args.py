@@ -47,3 +47,20 @@ def test_only_an_available_now_pipeline_run_goes_to_a_spark_connect_server(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "available-now run only" in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("processing_time, downstream", [(5.0, 0.25), (1.0, 0.25), (0.1, 0.1), (None, None)])
+def test_silver_and_gold_look_for_their_upstream_commit_every_quarter_second(tmp_path, processing_time, downstream):
+    """`--processing-time S` is bronze's trigger; silver and gold poll their upstream table's log
+    every 0.25 s (at most S), so a record does not wait a trigger per stage on its way to gold;
+    available-now runs have no trigger interval."""
+    from streamlake.config import project_root
+    from streamlake.pipeline.config import PipelineConfig
+    from streamlake.pipeline.definition import load_definition
+
+    definition = load_definition(project_root() / "pipelines" / "orders.yaml")
+    cfg = PipelineConfig(root=str(tmp_path / "lake"), definition=definition,
+                         processing_time_s=processing_time)
+    stages = cfg.build_stages()
+    assert stages[0].cfg.processing_time_s == processing_time
+    assert [s.processing_time_s for s in stages[1:]] == [downstream] * (len(stages) - 1) and len(stages) == 4

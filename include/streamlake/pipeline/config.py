@@ -22,6 +22,12 @@ from streamlake.pipeline.definition import PipelineDefinition
 from streamlake.storage.location import StorageOptions, join, normalize, parse_pairs, state_dir, storage_options
 
 STAGES = ("bronze", "silver", "gold")
+#: How often silver and gold look for a new commit of their upstream table in a continuous run,
+#: whatever bronze's trigger interval (the run's processing time, when shorter): a stage starts
+#: its micro-batch within this long of its upstream's commit instead of waiting for a trigger of
+#: its own, so a record does not wait a trigger per stage on its way to gold. A look that finds
+#: nothing new reads one absent log entry (on an object store, one request) and starts no batch.
+UPSTREAM_POLL_S = 0.25
 
 
 @dataclass
@@ -66,6 +72,11 @@ class PipelineConfig:
     @property
     def available_now(self) -> bool:
         return self.processing_time_s is None
+
+    @property
+    def downstream_trigger_s(self) -> float | None:
+        """The trigger interval of silver and gold: see UPSTREAM_POLL_S (None: available-now)."""
+        return None if self.processing_time_s is None else min(self.processing_time_s, UPSTREAM_POLL_S)
 
     def table(self, name: str) -> str:
         return join(self.root, name)
@@ -116,18 +127,19 @@ class PipelineConfig:
         storage = self.task_storage()
         if "silver" in self.stages:
             stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
-                                      self.checkpoint("silver"), processing_time_s=self.processing_time_s,
+                                      self.checkpoint("silver"), processing_time_s=self.downstream_trigger_s,
                                       query_name=self.query_name, storage=storage))
         if "gold" in self.stages:
             stages += [GoldStage(d, agg, self.table("silver"), self.table(agg.gold_table), self.table(agg.late_table),
                                  self.checkpoint(agg.stage), partitions=self.gold_partitions,
-                                 processing_time_s=self.processing_time_s, query_name=self.query_name,
+                                 processing_time_s=self.downstream_trigger_s, query_name=self.query_name,
                                  storage=storage)
                        for agg in d.aggregates]
         return stages
 
     def describe(self) -> str:
-        mode = "available-now" if self.available_now else f"every {self.processing_time_s:g} s"
+        mode = "available-now" if self.available_now else \
+            f"bronze every {self.processing_time_s:g} s, silver and gold on their upstream's commits"
         what = f"pipeline {self.definition.name}" if self.definition else "bronze"
         aggs = ""
         if self.definition is not None and "gold" in self.stages:
@@ -154,7 +166,8 @@ def add_pipeline_arguments(parser, *, root_required: bool = True) -> None:
     mode.add_argument("--available-now", action="store_true",
                       help="process everything available at start through every stage, then stop (default)")
     mode.add_argument("--processing-time", type=float, metavar="SECONDS",
-                      help="run continuously, one micro-batch per stage every SECONDS")
+                      help="run continuously: bronze reads Kafka every SECONDS; silver and gold start "
+                           f"as soon as their upstream table commits (looked for every {UPSTREAM_POLL_S:g} s)")
     parser.add_argument("--stages", help="bronze | bronze,silver | bronze,silver,gold (default: every stage the "
                                          "definition has; bronze without one)")
     parser.add_argument("--max-offsets-per-trigger", type=int, help="bronze: at most N Kafka records per micro-batch")
