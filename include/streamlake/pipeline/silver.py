@@ -135,9 +135,9 @@ class SilverStage(DeltaFedStage):
                                          F.unix_micros(F.col(f"`{d.event_time}`")).alias("t"),
                                          F.unix_micros(f"{BRONZE}.timestamp").alias("kt"),
                                          *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE]).toArrow()
-                rejected = pc.fill_null(verdicts.column(REASON), False)
-                any_rejected = pc.any(rejected).as_py() or False
-                ids = verdicts.filter(pc.invert(rejected)).drop_columns([REASON])
+                is_rejected = pc.fill_null(verdicts.column(REASON), False)
+                any_rejected = pc.any(is_rejected).as_py() or False
+                ids = verdicts.filter(pc.invert(is_rejected)).drop_columns([REASON])
                 candidates = ids.num_rows
                 dropped = self.duplicates(ids)
                 if dropped.num_rows:

@@ -36,6 +36,7 @@ from pathlib import Path
 from streamlake import config
 from streamlake import jars
 from streamlake import procs
+from streamlake.spark.session import C1_JIT_OPTIONS
 
 JAR_SET = jars.KAFKA
 SERVICE_PREFIX = "kafka-"
@@ -59,8 +60,7 @@ LOG_TAIL_LINES = 20
 #: save in a local broker. Measured on 2 cores, 2026-12-07, a node's CPU from launch to started,
 #: 30 s idle, then 100,000 records of 1 KB produced at 5,000/s: 12.3 and 12.6 CPU-s with C2,
 #: 7.5 and 8.2 with C1 only (start 3.4 against 2.1).
-JVM_OPTIONS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               "-XX:ReservedCodeCacheSize=240m", "-Djava.awt.headless=true")
+JVM_OPTIONS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", *C1_JIT_OPTIONS, "-Djava.awt.headless=true")
 
 #: log4j2 configuration of every node: warnings and errors, and the lines saying that a node
 #: starts, started and stops (the default INFO writes the whole configuration, ~1,200 lines

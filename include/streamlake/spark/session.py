@@ -67,9 +67,11 @@ SPARK_DEFAULTS.update(DELTA_SQL)
 # test_pipelines.py in one worker, runs alternated: the session JVM 239/258 -> 161/193 CPU-s,
 # every process 413/445 -> 323/380 CPU-s, 336/358 -> 289/330 s. Flushing stays on, so a JVM
 # that runs for days at C1 (the bronze job's continuous runs) keeps compiling.
+# The same options serve the local Kafka broker's JVM (streamlake.platform.broker).
+C1_JIT_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m")
 SHORT_RUN_JVM: dict[str, str] = {
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
+    "spark.driver.extraJavaOptions": " ".join(("-Dlog4j2.level=WARN", *C1_JIT_OPTIONS)),
+    "spark.executor.extraJavaOptions": " ".join(C1_JIT_OPTIONS),
 }
 
 # What particular jobs add to SPARK_DEFAULTS (by entrypoint in jobs/).
