@@ -344,14 +344,15 @@ FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_re
 # a core each while they run), run one after the other in one worker, first; every other file
 # is a unit of its own (its module fixtures set up once), spread over both.
 PLATFORM_FILES = ("test_airflow_e2e.py", "test_live_platform.py")
-# `make test-scenarios`: its two S3 scenarios (about 520 and 370 s) would run in one worker
-# as one file; the whole pipeline on S3 and the two roots' runs (about 60 s) run after the
-# Airflow scenarios instead (about 390 s), and every other scenario is one unit beside them
-# (BESIDE_THE_PLATFORM: the other S3 scenario, the crashes, the Kafka faults, the docs'
-# walk-through), so that each worker has some 840 s of the run's 1,690. (As a unit per file,
-# the worker of the Airflow files took the Kafka faults' file too: 911 s against 674 s in the
-# fresh-clone run of 2026-12-07.)
+# `make test-scenarios`: its S3 scenarios would run in one worker as one file; the whole
+# pipeline on S3 (about 345 s), the two roots' runs (about 45 s) and bronze on S3 across a
+# SIGKILL (about 57 s) run after the Airflow scenarios instead (about 315 s), and every other
+# scenario is one unit beside them (BESIDE_THE_PLATFORM: the ingest DAG on S3, the races of two
+# ingest jobs, the crashes, the Kafka faults, the docs' walk-through), so that each worker has
+# some 780 s. (As a unit per file, the worker of the Airflow files took the Kafka faults' file
+# too: 911 s against 674 s in the fresh-clone run of 2026-12-07.)
 WITH_THE_PLATFORM_FILES = ("test_object_storage.py::test_the_whole_pipeline_on_s3_and_a_two_worker_cluster_",
+                           "test_object_storage.py::test_bronze_ingest_to_s3_lands_every_record_once_across_",
                            "test_jobs.py::test_pipeline_run_and_backfill_of_two_roots_each_touch_only_their_own_tables")
 BESIDE_THE_PLATFORM = "the other scenarios"
 

@@ -97,6 +97,7 @@ def test_sigkill_at_each_crash_point_then_restart(spark, produce, topic_name, la
     cli_audit(lake, topic_name)
 
 
+@pytest.mark.scenario
 def test_two_ingest_processes_race_on_one_table(produce, topic_name, lake, tmp_path):
     produce(topic_name, 4000, partitions=3, seed=31)
     jobs = [

@@ -456,6 +456,7 @@ def assert_no_secret(options: dict, *texts: str, paths=()) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_bronze_ingest_to_s3_lands_every_record_once_across_a_sigkill_and_a_lost_checkpoint(
         s3, live_producer, topic_name, tmp_path):
     table = f"s3://lake/{topic_name}/bronze"
@@ -837,6 +838,7 @@ def read_local_rows(path: Path, column: str) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_two_ingest_jobs_race_on_one_s3_table_and_each_version_has_one_winner(s3, live_producer, topic_name,
                                                                               tmp_path):
     from deltalake import DeltaTable
