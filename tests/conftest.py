@@ -333,7 +333,7 @@ def lake(tmp_path):
 FAST_FILES = {"test_audit_compare.py", "test_checkpoint.py", "test_cli_args.py",
               "test_compose.py", "test_dags.py", "test_definitions.py", "test_events.py", "test_fork_server.py",
               "test_lake_archive.py", "test_layers.py", "test_logs.py", "test_metrics_rules.py",
-              "test_offsets.py", "test_sink_plan.py", "test_supervisor.py", "test_views.py"}
+              "test_offsets.py", "test_procs.py", "test_sink_plan.py", "test_supervisor.py", "test_views.py"}
 FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_records_with_their_labelled_reasons"
               "[sensors]",
               "test_pipelines.py::test_silver_holds_each_valid_event_once_with_its_typed_values[sensors]",

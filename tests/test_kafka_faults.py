@@ -28,7 +28,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streamlake import config
+from streamlake import config, procs
 from streamlake.delta.table import open_table
 from streamlake.delta.txn import committed_offsets
 from streamlake.kafka.client import KafkaMetadataClient, client_config
@@ -364,7 +364,7 @@ class Job:
                     alive.append(proc)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        alive = procs.wait_gone(alive, grace_s)
         left = []
         for proc in alive:
             try:

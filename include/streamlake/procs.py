@@ -132,10 +132,37 @@ def kill_tree(pid: int, pgid: int | None = None, timeout: float = 10.0) -> None:
                 proc.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-        _gone, alive = psutil.wait_procs(procs, timeout=timeout if sig == signal.SIGTERM else 5)
-        if not alive:
+        procs = wait_gone(procs, timeout if sig == signal.SIGTERM else 5)
+        if not procs:
             return
-        procs = alive
+
+
+def wait_gone(procs: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for ``procs`` to end (reaping those that are this process's
+    children); returns those still running (zombies count as ended).
+
+    psutil.wait_procs opens a pidfd per process; on Linux 6.9 and later that raises
+    FileNotFoundError when the process has ended and its pid already names a thread of
+    another process (seen on `make test-scenarios`' machine). Then each process is
+    polled by its identity (pid and start time), which a reused pid does not match."""
+    try:
+        return psutil.wait_procs(procs, timeout=timeout)[1]
+    except OSError:
+        pass
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while True:
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop(name: str, timeout: float = 10.0) -> bool:
