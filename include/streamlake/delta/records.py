@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from streamlake.delta.table import (
     TableSpec,
+    compact_small_files,
     delta_options,
     ensure_table,
     open_table,
@@ -94,11 +95,12 @@ def compact_if_needed(path: str, options: Mapping[str, str] | None = None) -> bo
     rows are committed either way, and a compaction that fails (another writer's
     compaction of the same files won) is retried after a later append."""
     try:
+        # every file of a platform table is small: its appends are a few rows each
         table = open_table(path, storage_options=options)
-        if len(table.file_uris()) <= COMPACT_FILES:
+        if compact_small_files(table, COMPACT_FILES) is None:
             return False
-        table.optimize.compact()
-        table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
+        table.vacuum(
+            retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
         return True
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.warning("compacting %s failed (retried after a later append): %s", path, exc)

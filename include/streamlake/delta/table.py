@@ -298,3 +298,28 @@ def vacuum_table(path: str | os.PathLike, retention_hours: int = 168, dry_run: b
         if not dry_run:
             shutil.rmtree(temp, ignore_errors=True)
     return sorted(out)
+
+
+# A stage's own tables: compacted once more than COMPACT_AFTER_SMALL_FILES of their files are
+# smaller than SMALL_FILE_BYTES (a micro-batch writes one file per partition it touches).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+COMPACT_AFTER_SMALL_FILES = 64
+
+
+def compact_small_files(table: DeltaTable, max_small_files: int = COMPACT_AFTER_SMALL_FILES,
+                        target_size: int = SMALL_FILE_BYTES) -> dict | None:
+    """Bin-pack the small files of ``table`` (its snapshot as opened) into files of about ``target_size``
+    bytes (delta-rs ``optimize.compact``, per partition) once more than ``max_small_files``
+    of its snapshot's files are smaller than ``target_size``; returns the compaction's
+    metrics, or None when there were not that many.
+
+    The commit removes and adds files with ``dataChange=false``: the rows, the ``txn``
+    positions the table carries and every earlier version stay as they were (streaming
+    readers skip such a commit; the removed files stay on disk until a vacuum). Files
+    that reached ``target_size`` are never read again, so a row is rewritten a bounded
+    number of times. Raises what delta-rs raises, CommitFailedError when another
+    writer's commit conflicts: the caller decides whether to go on without it."""
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    if sum(1 for size in sizes if size < target_size) <= max_small_files:
+        return None
+    return table.optimize.compact(target_size=target_size)

@@ -113,7 +113,7 @@ HELP = {
     "streamlake_table_rows_total": "rows of the table's latest snapshot (Delta log statistics)",
     "streamlake_table_version": "the table's latest Delta version",
     "streamlake_last_commit_timestamp_seconds": "time of the table's latest Delta commit",
-    "streamlake_stage_lag_versions": "upstream Delta versions the stage has not consumed yet",
+    "streamlake_stage_lag_versions": "upstream Delta versions the stage has not consumed yet (compactions not counted)",
     "streamlake_stage_consumed_version": "the last upstream version every table of the stage consumed (-1: none)",
     "streamlake_watermark_timestamp_seconds": "the aggregate's event-time watermark (gold's txn)",
     "streamlake_late_events_pending": "late events of the aggregate no backfill applied yet",
@@ -437,7 +437,7 @@ class PlatformCollector:
     def _stages(self, families, pipeline: str, tables: dict, opened: dict) -> None:
         """Upstream versions each stage has not consumed: silver (silver and quarantine
         from bronze), each gold (its gold and late_events tables from silver)."""
-        from streamlake.operations.pipeline_checks import consumed_version
+        from streamlake.operations.pipeline_checks import consumed_version, unread_versions
 
         groups: dict[str, list[str]] = collections.OrderedDict()
         for table_name in tables:
@@ -449,11 +449,10 @@ class PlatformCollector:
             upstream = "bronze" if stage == "silver" else "silver"
             if upstream not in opened or not all(t in opened for t in outputs):
                 continue
-            latest = opened[upstream].version()
             consumed = [consumed_version(opened[t], upstream) for t in outputs]
             through = -1 if any(c is None for c in consumed) else min(consumed)
             labels = [pipeline, *_stage_labels(stage)]
-            families["streamlake_stage_lag_versions"].add_metric(labels, max(0, latest - through))
+            families["streamlake_stage_lag_versions"].add_metric(labels, unread_versions(opened[upstream], through))
             families["streamlake_stage_consumed_version"].add_metric(labels, through)
 
     def _aggregate(self, families, pipeline: str, definition, agg, tables: dict, opened: dict) -> None:

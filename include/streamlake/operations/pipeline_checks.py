@@ -46,6 +46,24 @@ def consumed_version(table, source: str) -> int | None:
     return position.version - 1
 
 
+# Beyond this many upstream versions a stage is behind, every one of them counts as unread.
+_UNREAD_LOOKUP_VERSIONS = 32
+
+
+def unread_versions(upstream, through: int | None) -> int:
+    """Versions of the ``upstream`` table (an open DeltaTable) after ``through`` (the last
+    version a stage consumed completely; None: nothing yet) that the stage still has to
+    read. A compaction's commit (``OPTIMIZE``: files rewritten with ``dataChange=false``,
+    which the streaming source skips) is not counted, so a stage whose upstream compacted
+    after its last batch is not behind. Counted from the upstream's history when it is at
+    most _UNREAD_LOOKUP_VERSIONS versions behind; further behind, every version counts."""
+    latest = upstream.version()
+    behind = latest + 1 if through is None else max(0, latest - through)
+    if not 0 < behind <= _UNREAD_LOOKUP_VERSIONS:
+        return behind
+    return sum(1 for entry in upstream.history(limit=behind) if entry.get("operation") != "OPTIMIZE")
+
+
 @dataclass
 class AccountingReport:
     bronze_version: int | None

@@ -180,11 +180,13 @@ def commit_metadata(stage: str, batch: BatchRange, source: str, attempt: str, **
 
 @dataclass(frozen=True)
 class Appended:
-    """What :func:`append_batch` committed: the Delta version, rows and files."""
+    """What :func:`append_batch` committed: the Delta version, rows and files, and the
+    table's snapshot read right after the commit (at ``version`` or later)."""
 
     version: int
     rows: int
     files: int
+    table: DeltaTable
 
 
 def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source: str, stage: str,
@@ -229,19 +231,19 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                         stage, batch.batch_id, spec.name, exc)
             time.sleep(0.05 * attempt)
             continue
-        version = committed_version(path, table.version(), attempt_id, storage)
+        after = open_table(path, storage_options=storage)
+        version = committed_version(after, table.version(), attempt_id)
         crash_point(f"after_commit_{kind}", batch.batch_id)
         log.info("%s batch %d: %s version %d: %d rows in %d files (%s -> %s)", stage, batch.batch_id,
                  spec.name, version, records, len(files), batch.start or "beginning", batch.end)
-        return Appended(version, records, len(files))
+        return Appended(version, records, len(files), after)
     raise CommitConflictError(f"{stage} batch {batch.batch_id}: lost the commit to {spec.name} "
                               f"{MAX_COMMIT_ATTEMPTS} times")
 
 
-def committed_version(path: str, read_version: int, attempt_id: str,
-                      storage: Mapping[str, str] | None = None) -> int:
-    """The version an attempt's commit landed at (delta-rs may rebase it past others)."""
-    table = open_table(path, storage_options=storage)
+def committed_version(table: DeltaTable, read_version: int, attempt_id: str) -> int:
+    """The version an attempt's commit landed at (delta-rs may rebase it past others), from
+    ``table`` opened after the commit."""
     latest = table.version()
     for entry in table.history(limit=max(1, latest - read_version)):
         if entry.get("streamlake", {}).get("attempt") == attempt_id:
