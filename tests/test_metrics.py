@@ -513,3 +513,31 @@ def test_what_a_scrape_no_longer_reads_leaves_the_caches(lake):
     again = scrape(collector)
     rows = lambda samples: values(samples, "streamlake_table_rows_total", pipeline=job.name)  # noqa: E731
     assert rows(again) == rows(first) and rows(first)
+
+
+def test_a_micro_batch_of_only_malformed_records_leaves_no_stage_behind(spark, tmp_path):
+    """The last records before the topic goes quiet are all malformed: silver's micro-batch over
+    them commits no rows (its position only, the records in quarantine), and gold, with nothing
+    to read, commits nothing. No stage is behind (lag 0), so StreamLakeStageNotConsuming cannot
+    fire on a quiet topic. Read from the Delta logs by the test: silver's last commit adds no
+    file and gold did not move."""
+    from streamlake.kafka.producer import produce_records
+    from streamlake.pipeline.driver import run_stages
+
+    run = run_pipeline(spark, "sensors", tmp_path, 20)
+    job, cfg = run["job"], run["cfg"]
+    golds = [a.gold_table for a in run["definition"].aggregates]
+    gold_versions = {g: len(list(Path(job.table_path(g), "_delta_log").glob("*.json"))) for g in golds}
+    produce_records(run["definition"], job.source_topics[0], 3, partitions=3, seed=75, progress=False,
+                    malformed_fraction=1.0)
+    run_stages(spark, cfg.build_stages(), job.control, available_now=True, report=lambda _line: None, poll_s=0.2)
+
+    silver_log = sorted(Path(job.table_path("silver"), "_delta_log").glob("*.json"))
+    last = [json.loads(line) for line in silver_log[-1].read_text().splitlines()]
+    assert not any("add" in action for action in last) and any("txn" in action for action in last), last
+    assert {g: len(list(Path(job.table_path(g), "_delta_log").glob("*.json"))) for g in golds} == gold_versions
+    samples = scrape(PlatformCollector(jobs=lambda: [job.name]))
+    assert one(samples, "streamlake_table_rows_total", pipeline=job.name, table="quarantine") == 3
+    lags = values(samples, "streamlake_stage_lag_versions", pipeline=job.name)
+    assert lags == {(("aggregate", ""), ("stage", "silver")): 0,
+                    **{(("aggregate", a.name), ("stage", "gold")): 0 for a in run["definition"].aggregates}}, lags

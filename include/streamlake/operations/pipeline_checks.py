@@ -52,16 +52,32 @@ _UNREAD_LOOKUP_VERSIONS = 32
 
 def unread_versions(upstream, through: int | None) -> int:
     """Versions of the ``upstream`` table (an open DeltaTable) after ``through`` (the last
-    version a stage consumed completely; None: nothing yet) that the stage still has to
-    read. A compaction's commit (``OPTIMIZE``: files rewritten with ``dataChange=false``,
-    which the streaming source skips) is not counted, so a stage whose upstream compacted
-    after its last batch is not behind. Counted from the upstream's history when it is at
-    most _UNREAD_LOOKUP_VERSIONS versions behind; further behind, every version counts."""
+    version a stage consumed completely; None: nothing yet) that hold rows the stage still
+    has to read. Not counted, so that a stage with nothing left to read is not behind:
+
+    - a compaction's commit (``OPTIMIZE``: files rewritten with ``dataChange=false``, which
+      the streaming source skips);
+    - a stage's commit of no rows, which records only its position (a micro-batch whose
+      records were all malformed or duplicates leaves silver one; ``records`` 0 in the
+      commit's ``streamlake`` metadata): the downstream stage's batch over it has no rows
+      and commits nothing, so its position stays before it until rows come.
+
+    Counted from the upstream's history when it is at most _UNREAD_LOOKUP_VERSIONS versions
+    behind; further behind, every version counts."""
     latest = upstream.version()
     behind = latest + 1 if through is None else max(0, latest - through)
     if not 0 < behind <= _UNREAD_LOOKUP_VERSIONS:
         return behind
-    return sum(1 for entry in upstream.history(limit=behind) if entry.get("operation") != "OPTIMIZE")
+    return sum(1 for entry in upstream.history(limit=behind) if _holds_rows_to_read(entry))
+
+
+def _holds_rows_to_read(entry: dict) -> bool:
+    """Whether a commit (a history entry) can give a streaming reader rows: not a
+    compaction, not a stage's commit of no rows."""
+    if entry.get("operation") == "OPTIMIZE":
+        return False
+    facts = entry.get("streamlake")
+    return not (isinstance(facts, dict) and facts.get("records") == 0)
 
 
 @dataclass
