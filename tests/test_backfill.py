@@ -128,8 +128,11 @@ def test_backfill_of_a_range_applies_only_that_range(spark, with_late_events):
 
 def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produce, with_late_events):
     """The gold stages commit while backfills restate: whichever loses the commit race
-    re-plans; afterwards gold still equals the recompute and nothing is applied twice."""
-    cfg = replace(with_late_events, processing_time_s=0.5)
+    re-plans; afterwards gold still equals the recompute and nothing is applied twice. The
+    gold stages also compact late_events (after every 2 small files) while the backfills mark
+    its rows applied: a compaction that loses to a mark is tried again later, a mark that
+    loses to a compaction is made again, and no late event is lost, doubled or unmarked."""
+    cfg = replace(with_late_events, processing_time_s=0.5, compact_after_files=2)
     d = cfg.definition
     control = JobControl(cfg.control_dir)
     errors: list[BaseException] = []
@@ -163,6 +166,8 @@ def test_backfill_while_the_stream_runs_stays_equal_to_a_recompute(spark, produc
         applied = read_table(spark, cfg.table(agg.late_table), late_spec(d, agg)).where("applied")
         assert applied.count() == applied.select("topic", "partition", "offset").distinct().count()
         assert sum(r.late_events for r in results[agg.name]) + final.late_events == applied.count()
+        assert any(h["operation"] == "OPTIMIZE" for h in open_table(cfg.table(agg.late_table)).history()), \
+            f"{agg.late_table} was never compacted while the backfills ran"
 
 
 def test_a_backfill_before_the_pipeline_reached_gold_has_nothing_to_do(tmp_path):

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ("sensors", "orders")
 MIX = dict(late_fraction=0.06, out_of_order_seconds=5, malformed_fraction=0.08, duplicate_fraction=0.05)
 RECORDS = 1500
-# Silver and quarantine compacted once more than this many of their files are small (the
-# default, 64, is more micro-batches than these runs have): every test here runs on them.
+# Silver, quarantine and late_events compacted once more than this many of their files are small
+# (the default, 64, is more micro-batches than these runs have): every test here runs on them.
 COMPACT_AFTER = 4
 
 
@@ -445,11 +445,12 @@ def test_a_users_optimize_through_delta_spark_keeps_every_position_and_proof(spa
     assert all(c["passed"] for c in proof["checks"]), proof["checks"]
 
 
-def test_silver_and_quarantine_compact_their_small_files_as_the_stream_runs(pipeline_run):
-    """While the stream ran, silver and quarantine were compacted each time more than
-    COMPACT_AFTER of their files were small: each OPTIMIZE commit left fewer files holding the
-    same rows, and the bronze position the table carries unchanged. (The other tests of this
-    module check the tables' rows against what the test produced, after those compactions.)"""
+def test_silver_quarantine_and_late_events_compact_their_small_files_as_the_stream_runs(pipeline_run):
+    """While the stream ran, silver, quarantine and each aggregate's late_events were compacted
+    each time more than COMPACT_AFTER of their files were small: each OPTIMIZE commit left
+    fewer files holding the same rows, and the upstream position the table carries unchanged.
+    (The other tests of this module check the tables' rows against what the test produced,
+    after those compactions: late events kept, backfills applying them, the proofs.)"""
     import pyarrow as pa
     from deltalake import DeltaTable
 
@@ -457,7 +458,9 @@ def test_silver_and_quarantine_compact_their_small_files_as_the_stream_runs(pipe
     from streamlake.pipeline.stage import committed_position
 
     run = pipeline_run
-    for name in ("silver", "quarantine"):
+    tables = [("silver", "bronze"), ("quarantine", "bronze"),
+              *((agg.late_table, "silver") for agg in run.definition.aggregates)]
+    for name, upstream in tables:
         path = run.cfg.table(name)
         # the stage's (delta-rs); the orders pipeline's silver also has the user's OPTIMIZE test's (delta-spark)
         compactions = [h["version"] for h in open_table(path).history()
@@ -471,7 +474,7 @@ def test_silver_and_quarantine_compact_their_small_files_as_the_stream_runs(pipe
                 (name, version)
             assert len(files_after["path"]) < len(files_before["path"]), (name, version)
             assert sum(files_after["num_records"]) == sum(files_before["num_records"]), (name, version)
-            assert committed_position(after, "bronze") == committed_position(before, "bronze"), (name, version)
+            assert committed_position(after, upstream) == committed_position(before, upstream), (name, version)
 
 
 def test_gold_freshness_is_the_age_of_the_oldest_record_gold_lacks(pipeline_run, broker):

@@ -49,8 +49,8 @@ class PipelineConfig:
     gold_partitions: int | None = None
     query_name: str = "pipeline"
     storage_options: dict[str, str] = field(default_factory=dict)  # given (--storage-option), secrets too
-    # silver: bin-pack silver's and quarantine's small files once there are more than this many
-    # (None: streamlake.delta.table.COMPACT_AFTER_SMALL_FILES)
+    # silver and gold: bin-pack the small files of silver, quarantine and each late_events table
+    # once there are more than this many (None: streamlake.delta.table.COMPACT_AFTER_SMALL_FILES)
     compact_after_files: int | None = None
 
     def __post_init__(self) -> None:
@@ -128,17 +128,16 @@ class PipelineConfig:
 
         apply_definition(self.root, d)
         storage = self.task_storage()
+        compaction = {} if self.compact_after_files is None else {"compact_after_files": self.compact_after_files}
         if "silver" in self.stages:
             stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
                                       self.checkpoint("silver"), processing_time_s=self.downstream_trigger_s,
-                                      query_name=self.query_name, storage=storage,
-                                      **({} if self.compact_after_files is None else
-                                         {"compact_after_files": self.compact_after_files})))
+                                      query_name=self.query_name, storage=storage, **compaction))
         if "gold" in self.stages:
             stages += [GoldStage(d, agg, self.table("silver"), self.table(agg.gold_table), self.table(agg.late_table),
                                  self.checkpoint(agg.stage), partitions=self.gold_partitions,
                                  processing_time_s=self.downstream_trigger_s, query_name=self.query_name,
-                                 storage=storage)
+                                 storage=storage, **compaction)
                        for agg in d.aggregates]
         return stages
 

@@ -43,6 +43,7 @@ import pyarrow.dataset as ds
 from deltalake.transaction import CommitProperties
 
 from streamlake.delta.table import (
+    COMPACT_AFTER_SMALL_FILES,
     TableSpec,
     ensure_table,
     files_overlapping,
@@ -63,6 +64,7 @@ from streamlake.pipeline.stage import (
     DeltaFedStage,
     append_batch,
     commit_metadata,
+    compact_appended,
     stage_transactions,
 )
 from streamlake.pipeline.windows import WindowSpec, merge_sessions
@@ -317,6 +319,9 @@ class GoldStage(DeltaFedStage):
     query_name: str = "pipeline"
     source: str = SOURCE
     storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
+    # late_events: bin-packed once more than this many of its files are small (every batch
+    # with a late event appends one per event date; gold's merge rewrites its own files)
+    compact_after_files: int = COMPACT_AFTER_SMALL_FILES
 
     @property
     def name(self) -> str:
@@ -390,7 +395,9 @@ class GoldStage(DeltaFedStage):
             rows = {"rows": events.count()} if is_connect(df.sparkSession) else {}
         finally:
             events.unpersist()
-        return {"late": late.rows if late else 0, "windows": windows, "watermark": new_wm, **rows}
+        compacted = compact_appended(self.name, {self.aggregate.late_table: late}, self.compact_after_files)
+        return {"late": late.rows if late else 0, "windows": windows, "watermark": new_wm, **rows,
+                **({"compacted": compacted} if compacted else {})}
 
     def _late_stats(self) -> tuple[str, ...]:
         ids = (self.definition.event_id,) if self.definition.event_id else ()

@@ -16,7 +16,7 @@ micro-batch:
    the horizon's volume, not the table's;
 4. appends the remaining events to ``silver``;
 5. once more than ``compact_after_files`` of silver's (or quarantine's) files are
-   small, bin-packs them (:func:`streamlake.delta.table.compact_small_files`, a
+   small, bin-packs them (:func:`streamlake.pipeline.stage.compact_appended`, a
    ``dataChange=false`` commit): every micro-batch adds files, and the lookup of
    step 3 would otherwise read more of them as the day goes on.
 
@@ -33,16 +33,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltalake.exceptions import DeltaError
-
 from streamlake.delta.table import (
     COMPACT_AFTER_SMALL_FILES,
-    compact_small_files,
     ensure_table,
     evolve_table,
     files_overlapping,
@@ -51,7 +47,7 @@ from streamlake.delta.table import (
 from streamlake.pipeline import bronze as bronze_table
 from streamlake.pipeline.definition import PipelineDefinition
 from streamlake.pipeline.schemas import QUARANTINE, silver_spec
-from streamlake.pipeline.stage import Appended, BatchRange, DeltaFedStage, append_batch
+from streamlake.pipeline.stage import BatchRange, DeltaFedStage, append_batch, compact_appended
 from streamlake.pipeline.validation import BRONZE, MESSAGE, REASON, parse_events
 
 log = logging.getLogger(__name__)
@@ -180,7 +176,8 @@ class SilverStage(DeltaFedStage):
                                    metadata={"duplicates": dropped.num_rows}, storage=self.storage)
         finally:
             parsed.unpersist()
-        compacted = self.compact({"silver": written, "quarantine": quarantined})
+        compacted = compact_appended(self.name, {"silver": written, "quarantine": quarantined},
+                                     self.compact_after_files)
         events_written = written.rows if written else 0
         return {"valid": events_written + dropped.num_rows if d.event_id else events_written,
                 "quarantined": quarantined.rows if quarantined else 0, "events": events_written,
@@ -188,28 +185,6 @@ class SilverStage(DeltaFedStage):
                 # every bronze row of the batch is quarantined, an event or a dropped duplicate
                 "rows": (quarantined.rows if quarantined else 0) + events_written + dropped.num_rows,
                 **({"compacted": compacted} if compacted else {})}
-
-    def compact(self, appended: Mapping[str, Appended | None]) -> dict[str, int]:
-        """Bin-pack the small files of each table the batch appended files to, once it has
-        more than ``compact_after_files`` (:func:`compact_small_files`, on the snapshot read
-        after the append); returns the files removed per table compacted. The stage is the
-        only writer of silver and quarantine, and compacts between its batches; a compaction
-        that fails (a store error, or an operator's commit that conflicts) is logged and
-        tried again after a later batch: the batch is committed either way."""
-        compacted = {}
-        for name, done in appended.items():
-            if done is None or not done.files:
-                continue
-            try:
-                metrics = compact_small_files(done.table, self.compact_after_files)
-            except (DeltaError, OSError) as exc:
-                log.warning("%s: compacting %s failed, tried again after a later batch: %s", self.name, name, exc)
-                continue
-            if metrics:
-                compacted[name] = metrics["numFilesRemoved"]
-                log.info("%s: compacted %s: %d small files into %d", self.name, name, metrics["numFilesRemoved"],
-                         metrics["numFilesAdded"])
-        return compacted
 
     def duplicates(self, candidates: pa.Table) -> pa.Table:
         """Lineage (topic, partition, offset) of the valid records to drop: all but the first

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import CommitProperties, Transaction
 
 from streamlake.delta.files import add_actions, write_attempt_files
-from streamlake.delta.table import MAX_COMMIT_ATTEMPTS, TableSpec, ensure_table, open_table
+from streamlake.delta.table import MAX_COMMIT_ATTEMPTS, TableSpec, compact_small_files, ensure_table, open_table
 from streamlake.delta.txn import commit_info, query_app_id
 from streamlake.errors import CommitConflictError, PositionGapError
 from streamlake.faults import crash_point
@@ -239,6 +239,34 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
         return Appended(version, records, len(files), after)
     raise CommitConflictError(f"{stage} batch {batch.batch_id}: lost the commit to {spec.name} "
                               f"{MAX_COMMIT_ATTEMPTS} times")
+
+
+def compact_appended(stage: str, appended: Mapping[str, Appended | None], max_small_files: int) -> dict[str, int]:
+    """Bin-pack the small files of each table a stage's batch appended files to (``appended``:
+    table name -> what :func:`append_batch` committed), once it has more than
+    ``max_small_files`` (:func:`streamlake.delta.table.compact_small_files`, on the snapshot
+    read after the append: a ``dataChange=false`` commit that keeps every row, the ``txn``
+    positions and every earlier version). Returns the files removed per table compacted.
+
+    Every micro-batch adds files to a stage's tables; compacting between batches keeps their
+    number bounded for their readers. A compaction that fails (a store error, or a commit of
+    another writer, such as a backfill marking late events applied, that removed the same
+    files first) is logged and tried again after a later batch: the batch is committed
+    either way, so nothing is raised."""
+    compacted = {}
+    for name, done in appended.items():
+        if done is None or not done.files:
+            continue
+        try:
+            metrics = compact_small_files(done.table, max_small_files)
+        except (DeltaError, OSError) as exc:
+            log.warning("%s: compacting %s failed, tried again after a later batch: %s", stage, name, exc)
+            continue
+        if metrics:
+            compacted[name] = metrics["numFilesRemoved"]
+            log.info("%s: compacted %s: %d small files into %d", stage, name, metrics["numFilesRemoved"],
+                     metrics["numFilesAdded"])
+    return compacted
 
 
 def committed_version(table: DeltaTable, read_version: int, attempt_id: str) -> int:
