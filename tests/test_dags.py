@@ -153,6 +153,31 @@ def test_rescale_starts_the_job_run_first_on_the_new_settings(dagbag, tmp_path, 
     assert render("trigger_run_id") == "rescaled__manual__1"
 
 
+def test_an_operation_is_recorded_ending_when_its_proof_ended_not_when_its_callback_ran(tmp_path, monkeypatch):
+    """The proof's success callback records the savepoint proven with the task's end as Airflow
+    set it before the callbacks (``ti.end_date``), not the time the callback got to run: on
+    the live platform one ran 48 s after its task had ended, Airflow's SQLite database having
+    stalled the task's state update, and the operation's duration was 71 s instead of 23 s."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from streamlake.operations.outcomes import OPERATION_OUTCOMES
+    from streamlake.delta.records import platform_rows
+    from streamlake.orchestration.dag_parts import operation_proven
+
+    monkeypatch.setenv("STREAMLAKE_HOME", str(tmp_path / "home"))
+    triggered = dt.datetime(2026, 12, 7, 13, 0, 14, tzinfo=dt.timezone.utc)
+    ended = triggered + dt.timedelta(seconds=23.5)
+    run = SimpleNamespace(run_id="manual__1", run_type="manual", run_after=triggered, start_date=triggered,
+                          conf={"job": "sensors"})
+    operation_proven({"dag": SimpleNamespace(dag_id="savepoint"), "dag_run": run, "params": {"job": "sensors"},
+                      "task": SimpleNamespace(task_id="verify"), "ti": SimpleNamespace(end_date=ended)})
+    rows = platform_rows(OPERATION_OUTCOMES).to_pylist()
+    assert [(r["operation"], r["job"], r["outcome"], r["duration_s"]) for r in rows] == \
+        [("savepoint", "sensors", "proven", 23.5)], rows
+    assert rows[0]["finished_at"] == ended
+
+
 def test_the_ingest_run_takes_a_rescale_settings_and_handover_from_its_conf(dagbag, tmp_path, monkeypatch):
     """The run a rescale started: its available-now task runs the job on the conf's settings
     (not yet in the spec) and its driver waits for the rescale's handover."""

@@ -75,8 +75,12 @@ def _record_outcome(context, outcome: str) -> None:
             return
         operation, job, run_id, triggered = found
         error = context.get("exception")
+        # the task's end as Airflow records it (set before the callbacks run): the callback itself
+        # can come much later, e.g. 48 s when Airflow's SQLite database stalled its state update
+        ended = getattr(context.get("ti"), "end_date", None)
         row = record_outcome(operation, job, run_id, triggered, outcome, context["task"].task_id,
-                             error=f"{type(error).__name__}: {error}" if error else None)
+                             error=f"{type(error).__name__}: {error}" if error else None,
+                             finished_at=_utc(ended) if ended else None)
         log.info("the %s of job %s (run %s): %s, %.1f s after its trigger", operation, job, run_id, outcome,
                  row["duration_s"])
     except Exception:  # noqa: BLE001 - see above
