@@ -303,6 +303,40 @@ def test_a_signal_to_the_launcher_reaches_its_child_and_is_its_exit(server, tmp_
     wait_ended(forked, 10, "the child outlived the signal")
 
 
+def test_a_launcher_gone_before_its_child_is_named_ends_the_child_and_not_the_server(server, tmp_path):
+    """A launcher killed right after it asked for a run (Spark stopping a Python process as it
+    starts) hangs up before the server names the child it forked: the server's answer fails.
+    The child is ended as for any client gone, and the server goes on serving. (Seen in a
+    fresh-clone run: the failed answer ended the server and left the child running.)"""
+    import json
+    import socket
+
+    from streamlake.platform.fork_server import _answers
+
+    sock, root = server
+    read_end, write_end = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    for _ in range(5):  # the server forks before it answers: a client this quick is always gone first
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(sock)
+        request = {"module": "forkprobe", "args": ["sleep"], "cwd": str(tmp_path), "python": sys.executable,
+                   "env": {"PATH": os.environ["PATH"], "PYTHONPATH": str(root / "modules"), "PYTHONHASHSEED": "0"}}
+        socket.send_fds(client, [json.dumps(request).encode() + b"\n"], [devnull, write_end, write_end])
+        client.close()
+    os.close(write_end)
+    os.close(devnull)
+    children = []
+    with os.fdopen(read_end) as output:
+        for line in output:  # each child prints its pid before it sleeps (EOF: every child ended)
+            if line.startswith("pid "):
+                children.append(psutil.Process(int(line.split()[1])))
+            if len(children) == 5:
+                break
+    for child in children:
+        wait_ended(child, 30, "a child whose launcher hung up still runs")
+    assert _answers(sock), "the fork server stopped answering"
+
+
 def test_the_session_s_spark_starts_its_python_processes_through_the_fork_server(spark):
     """The test session's local Spark (as a platform job's on a local master) starts its
     Python processes with the launcher: its worker daemon runs forked, and a Python UDF on it

@@ -291,7 +291,10 @@ class ForkServer:
             return
         if request.get("ping"):
             _close_all(fds)
-            _send(conn, b"a", b"0")
+            try:
+                _send(conn, b"a", b"0")
+            except OSError:  # the pinger hung up first
+                pass
             conn.close()
             return
         reason = self._refusal(request, fds)
@@ -302,7 +305,13 @@ class ForkServer:
         read_end, write_end = os.pipe() if not fds else (None, None)
         sys.stdout.flush()
         sys.stderr.flush()
+        # SIGTERM held across the fork: one that came before the child reset the server's
+        # handler would run it there (exit outside the run's own handling); the child takes it
+        # once its handlers are a new interpreter's (_leave_server), the server at once
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if pid == 0:  # the child: never returns
             if fds:
                 self._become_module(request, fds, conn)
@@ -317,8 +326,12 @@ class ForkServer:
             run = _Run(conn, pid, read_end)
             self.selector.register(read_end, selectors.EVENT_READ, ("output", run))
         self.runs[pid] = run
-        _send(conn, b"a", str(pid).encode())
-        self.selector.register(conn, selectors.EVENT_READ, ("client", run))
+        try:
+            _send(conn, b"a", str(pid).encode())
+        except OSError:  # the client hung up while its child was being forked: end the child
+            self._client_gone(run)  # (raised, it ended the server and left the child running)
+        else:
+            self.selector.register(conn, selectors.EVENT_READ, ("client", run))
         what = request.get("application") or f"-m {request['module']}"
         print(f"fork server: pid {pid} runs {what} {' '.join(request.get('args', []))[:200]}", flush=True)
 
@@ -365,6 +378,7 @@ class ForkServer:
         for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGCHLD, signal.SIG_DFL),
                              (signal.SIGINT, signal.default_int_handler)):
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held across the fork (_accept)
         conn.close()
         self.listener.close()
         for run in self.runs.values():  # the other runs' connections and pipes
@@ -552,9 +566,16 @@ def _send(conn: socket.socket, kind: bytes, payload: bytes) -> None:
 
 
 def _kill_session(pid: int, sig: int) -> None:
+    """``sig`` to the run's process group, or to the run itself while it is not yet the leader
+    of one (just forked: its group is still the server's)."""
     try:
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    except PermissionError:
         pass
 
 
