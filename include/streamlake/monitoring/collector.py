@@ -113,7 +113,8 @@ HELP = {
     "streamlake_table_rows_total": "rows of the table's latest snapshot (Delta log statistics)",
     "streamlake_table_version": "the table's latest Delta version",
     "streamlake_last_commit_timestamp_seconds": "time of the table's latest Delta commit",
-    "streamlake_stage_lag_versions": "upstream Delta versions the stage has not consumed yet (compactions not counted)",
+    "streamlake_stage_lag_versions": ("upstream Delta versions with rows the stage has not consumed yet "
+                                      "(compactions and commits of no rows not counted)"),
     "streamlake_stage_consumed_version": "the last upstream version every table of the stage consumed (-1: none)",
     "streamlake_watermark_timestamp_seconds": "the aggregate's event-time watermark (gold's txn)",
     "streamlake_late_events_pending": "late events of the aggregate no backfill applied yet",
