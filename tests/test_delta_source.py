@@ -538,3 +538,31 @@ def test_threads_of_a_connect_client_register_the_source_once_and_read(spark, tm
                            path], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["0 1 []", "5"], done.stdout + done.stderr[-2000:]
+
+
+def test_a_read_freezes_its_workers_heap_once_it_has_run():
+    """The platform's sources yield their rows through ``freeze_heap_after``: in a fresh
+    interpreter nothing is frozen before the first read ends, everything the read left on the
+    heap is after it, and the rows pass unchanged (a second read adds nothing frozen)."""
+    import subprocess
+    import sys
+
+    script = """
+import gc, json
+from streamlake.data_sources import freeze_heap_after
+before = gc.get_freeze_count()
+rows = freeze_heap_after(iter([(1,), (2,)]))
+first = next(rows)
+during = gc.get_freeze_count()
+rest = list(rows)
+after = gc.get_freeze_count()
+again = list(freeze_heap_after(iter([(3,)])))
+print(json.dumps([before, during, after, gc.get_freeze_count(), [first, *rest], again]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, during, after, later, rows, again = json.loads(done.stdout)
+    assert before == 0 and during == 0, "nothing is frozen before the first read has run"
+    assert after > 1000, f"the heap the first read left is frozen: {after} objects"
+    assert later == after, "a later read freezes nothing more"
+    assert rows == [[1], [2]] and again == [[3]]

@@ -146,6 +146,7 @@ from streamlake.delta.log import (
     ScanSettings,
     table_root,
 )
+from streamlake.data_sources import freeze_heap_after
 from streamlake.errors import DataLossError, InvalidOptionError, StreamLakeError
 from streamlake.storage.location import is_secret
 
@@ -707,8 +708,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for g in groups]
 
     def read(self, partition: InputPartition) -> Iterator:
-        return read_files(partition.root, partition.files, self.schema, self.options.fail_on_data_loss,
-                          partition.versions, partition.storage)
+        return freeze_heap_after(read_files(partition.root, partition.files, self.schema,
+                                            self.options.fail_on_data_loss, partition.versions, partition.storage))
 
     def commit(self, end: dict) -> None:
         # Nothing to acknowledge: positions live in Spark's offset log (and in the
@@ -772,8 +773,8 @@ class DeltaBatchReader(DataSourceReader):
         return [DeltaInputPartition(self.options.path, g, [version] * len(g), self.options.storage) for g in groups]
 
     def read(self, partition: InputPartition) -> Iterator:
-        return read_files(partition.root, partition.files, self.schema, self.options.fail_on_data_loss,
-                          partition.versions, partition.storage)
+        return freeze_heap_after(read_files(partition.root, partition.files, self.schema,
+                                            self.options.fail_on_data_loss, partition.versions, partition.storage))
 
 
 def register(spark) -> None:

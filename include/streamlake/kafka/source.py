@@ -65,6 +65,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from streamlake.data_sources import freeze_heap_after
 from streamlake.errors import DataLossError, InvalidOptionError, UnknownTopicError
 from streamlake.kafka.client import KafkaMetadataClient, api_timeout_s, client_config
 from streamlake.kafka.offsets import (
@@ -513,12 +514,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator:
         if self.options.output == "files":
-            return self._write_files(partition.ranges)
-        return read_range(
+            return freeze_heap_after(self._write_files(partition.ranges))
+        return freeze_heap_after(read_range(
             self.options.client, partition.range,
             poll_timeout_ms=self.options.poll_timeout_ms,
             fail_on_data_loss=self.options.fail_on_data_loss,
-        )
+        ))
 
     def _write_files(self, ranges: Sequence[OffsetRange]) -> Iterator:
         """``output=files``: write the part of each range the table still needs, one file per
