@@ -168,6 +168,11 @@ def test_the_exporter_reports_what_the_test_produced(lake):
                          stage="bronze").values())
     progress = [json.loads(x) for x in Path(job.control.progress_file).read_text().splitlines()]
     assert batches == sum(1 for x in progress if x.get("stage", "bronze") == "bronze") >= 1
+    # every stage's line says where its micro-batch went: the stage's own work within the whole
+    assert {x.get("stage", "bronze") for x in progress} == {"bronze", "silver", *(f"gold/{a}" for a in aggregates)}
+    for line in progress:
+        durations = line["durations"]
+        assert 0 <= durations["addBatch"] <= durations["triggerExecution"] == line["durationMs"], line
 
 
 def record_failures(lake: dict) -> tuple[str, str, dt.datetime]:

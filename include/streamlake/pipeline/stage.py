@@ -350,6 +350,7 @@ class DeltaFedStage:
             "numInputRows": progress.get("numInputRows", result.pop("rows", 0)),
             "processedRowsPerSecond": round(progress.get("processedRowsPerSecond") or 0.0, 1),
             "durationMs": progress.get("durationMs", {}).get("triggerExecution"),
+            "durations": progress.get("durationMs", {}),
             "endOffset": (progress.get("sources") or [{}])[0].get("endOffset"),
             **{k: v for k, v in result.items() if k != "rows"},
         }
