@@ -337,6 +337,49 @@ def test_a_launcher_gone_before_its_child_is_named_ends_the_child_and_not_the_se
     assert _answers(sock), "the fork server stopped answering"
 
 
+def test_a_fork_that_fails_refuses_that_run_and_the_server_goes_on(tmp_path):
+    """The kernel refusing a fork (out of processes or memory) refuses that one run, which its
+    caller then starts in an interpreter of its own; the server answers the next run, and a
+    SIGTERM still stops it (the signal held across the fork is not left held)."""
+    apps = tmp_path / "apps"
+    apps.mkdir()
+    (apps / "echo.py").write_text(textwrap.dedent(APPS["echo.py"].format(preload=[])))
+    sock = socket_path(tmp_path)
+    # the service's loop in a process whose first fork fails as the kernel's would (EAGAIN)
+    script = f"""
+import os, signal, sys
+from pathlib import Path
+from streamlake.platform import fork_server
+real, forks = os.fork, []
+def fork():
+    forks.append(1)
+    if len(forks) == 1:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    return real()
+os.fork = fork
+signal.signal(signal.SIGTERM, fork_server._exit_on_signal)
+fork_server.ForkServer({sock!r}, Path({str(apps)!r}), sys.executable).serve()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            time.sleep(0.05)
+        refused = run(sock, "echo.py", "0")
+        assert refused[0] is None and "refused the run (could not fork: [Errno 11]" in refused[1][0], refused
+        code, lines = run(sock, "echo.py", "3", env={"PATH": os.environ["PATH"], "FORK_TEST": "after"})
+        assert code == 3 and "env after" in " ".join(lines), lines
+        proc.terminate()
+        assert proc.wait(10) == 0, "SIGTERM stops the server"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "refused a run: could not fork" in proc.stdout.read()
+
+
 def test_the_session_s_spark_starts_its_python_processes_through_the_fork_server(spark):
     """The test session's local Spark (as a platform job's on a local master) starts its
     Python processes with the launcher: its worker daemon runs forked, and a Python UDF on it

@@ -309,7 +309,13 @@ class ForkServer:
         # handler would run it there (exit outside the run's own handling); the child takes it
         # once its handlers are a new interpreter's (_leave_server), the server at once
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: this run is refused, the server goes on
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            _close_all([*fds, *((read_end, write_end) if not fds else ())])
+            self._refuse(conn, f"could not fork: {exc}")
+            return
         if pid != 0:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if pid == 0:  # the child: never returns
