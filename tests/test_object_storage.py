@@ -985,6 +985,36 @@ def _object_text(options: dict, key: str) -> str:
         return fh.read().decode(errors="replace")
 
 
+def test_the_exporter_tells_an_s3_table_made_again_from_the_one_it_had_open(s3, monkeypatch):
+    """A table deleted and made again at the same S3 path (version 0 again, other rows) is read
+    anew by the exporter, not answered from the table it kept open or its cached rows: on a store
+    it tells them apart by the first commit object's size and time, as by its inode on a disk."""
+    import pyarrow.fs as pafs
+    from deltalake import write_deltalake
+
+    from streamlake.delta.table import delta_options
+    from streamlake.monitoring.collector import PlatformCollector, table_rows
+
+    for key, value in s3.items():  # the exporter reaches the store through its environment
+        monkeypatch.setenv(key, value)
+    path = f"s3://lake/exporter-{uuid.uuid4().hex[:8]}/t"
+    options = delta_options(path, None)
+    collector = PlatformCollector(jobs=lambda: [])
+    rows = lambda: collector._cached("rows", path, (t := collector._table(path)).version(),  # noqa: E731
+                                     lambda _prev: table_rows(t))
+    write_deltalake(path, pa.table({"x": [1, 2, 3]}), storage_options=options)
+    write_deltalake(path, pa.table({"x": [4]}), mode="append", storage_options=options)
+    assert rows() == 4
+    fs, root = arrow_filesystem(storage_options(path))
+    fs.delete_dir(root)
+    assert fs.get_file_info(root).type == pafs.FileType.NotFound
+    write_deltalake(path, pa.table({"x": list(range(10))}), storage_options=options)  # version 0 again
+    write_deltalake(path, pa.table({"x": [10, 11]}), mode="append", storage_options=options)  # version 1 again
+    assert rows() == 12
+    write_deltalake(path, pa.table({"x": [12]}), mode="append", storage_options=options)
+    assert rows() == 13
+
+
 def test_the_delta_streaming_source_reads_an_s3_table_incrementally(spark, s3, live_producer, topic_name, tmp_path):
     """bronze on S3 -> ``readStream.format("streamlake-delta")`` in the session's Spark: the
     first run reads every row once, a restart from its checkpoint only what was committed since."""

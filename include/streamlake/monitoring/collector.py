@@ -571,12 +571,24 @@ def _histogram(values: list[float], bounds: tuple[float, ...]) -> list[tuple[str
 
 
 def _first_commit_identity(path: str) -> tuple | None:
-    """(inode, mtime) of a local table's first commit file; None on an object store or once
-    log clean-up removed it."""
+    """What tells a table from one deleted and made again at ``path``: the (inode, mtime) of a
+    local table's first commit file, the (size, mtime) of that object on a store (one metadata
+    request). None once log clean-up removed it, or when the store does not answer (the
+    reading that follows then says why)."""
+    first = f"_delta_log/{0:020d}.json"
     if "://" in path and not path.startswith("file://"):
-        return None
+        import pyarrow.fs as pafs
+
+        from streamlake.storage.location import arrow_filesystem, storage_options
+
+        try:
+            fs, root = arrow_filesystem(storage_options(path))
+            info = fs.get_file_info(f"{root.rstrip('/')}/{first}")
+        except Exception:  # noqa: BLE001 - no identity: the table is opened again
+            return None
+        return (info.size, info.mtime_ns) if info.type == pafs.FileType.File else None
     try:
-        st = os.stat(os.path.join(path.removeprefix("file://"), "_delta_log", f"{0:020d}.json"))
+        st = os.stat(os.path.join(path.removeprefix("file://"), first))
     except OSError:
         return None
     return st.st_ino, st.st_mtime_ns
