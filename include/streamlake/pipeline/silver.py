@@ -123,7 +123,7 @@ class SilverStage(DeltaFedStage):
         from pyspark.sql import functions as F
 
         d = self.definition
-        _table, spec = ensure_silver(self.silver_path, d, self.storage)
+        silver, spec = ensure_silver(self.silver_path, d, self.storage)
         parsed = parse_events(df, d).persist()
         try:
             batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
@@ -150,7 +150,7 @@ class SilverStage(DeltaFedStage):
                 any_rejected = pc.any(is_rejected).as_py() or False
                 ids = verdicts.filter(pc.invert(is_rejected)).drop_columns([REASON])
                 candidates = ids.num_rows
-                dropped = self.duplicates(ids)
+                dropped = self.duplicates(ids, silver, spec)
                 if dropped.num_rows:
                     # from Arrow: a local relation built on the driver; from Python rows Spark runs a
                     # job of Python workers to convert them (1.2 s of a cold JVM's silver batch)
@@ -186,10 +186,11 @@ class SilverStage(DeltaFedStage):
                 "rows": (quarantined.rows if quarantined else 0) + events_written + dropped.num_rows,
                 **({"compacted": compacted} if compacted else {})}
 
-    def duplicates(self, candidates: pa.Table) -> pa.Table:
+    def duplicates(self, candidates: pa.Table, silver, spec) -> pa.Table:
         """Lineage (topic, partition, offset) of the valid records to drop: all but the first
         record of an event id in the batch (Kafka timestamp, then lineage), and every
-        record whose event id silver already holds within the horizon of its event time.
+        record whose event id ``silver`` (the table's snapshot, read this micro-batch; ``spec``
+        in its column order) already holds within the horizon of its event time.
         ``candidates`` has columns event_id (as text), t (event time, µs), kt (Kafka
         timestamp, µs) and lineage."""
         if not candidates.num_rows:
@@ -202,12 +203,12 @@ class SilverStage(DeltaFedStage):
         first = pc.fill_null(first, True)
         drop = pc.invert(first)
         keep = ordered.filter(first)
-        known = self._known_in_silver(keep)
+        known = self._known_in_silver(keep, silver, spec)
         if known:
             drop = pc.or_(drop, pc.and_(first, pc.is_in(ids, value_set=pa.array(sorted(known), pa.string()))))
         return ordered.filter(drop).select(list(LINEAGE))
 
-    def _known_in_silver(self, events: pa.Table) -> set[str]:
+    def _known_in_silver(self, events: pa.Table, table, spec) -> set[str]:
         """Event ids of ``events`` (columns event_id, t) that silver already holds with an
         event time within the horizon of theirs; reads only overlapping files."""
         if not events.num_rows:
@@ -216,7 +217,6 @@ class SilverStage(DeltaFedStage):
         horizon = self.dedup_horizon_us
         times = events.column("t")
         low, high = pc.min(times).as_py(), pc.max(times).as_py()
-        table, spec = ensure_silver(self.silver_path, d, self.storage)
         files = files_overlapping(table, d.event_time, from_micros(low - horizon), from_micros(high + horizon))
         if not files:
             return set()

@@ -231,12 +231,13 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                         stage, batch.batch_id, spec.name, exc)
             time.sleep(0.05 * attempt)
             continue
-        after = open_table(path, storage_options=storage)
-        version = committed_version(after, table.version(), attempt_id)
+        read_version = table.version()
+        table.update_incremental()  # the commits since the one it was planned on, ours among them
+        version = committed_version(table, read_version, attempt_id)
         crash_point(f"after_commit_{kind}", batch.batch_id)
         log.info("%s batch %d: %s version %d: %d rows in %d files (%s -> %s)", stage, batch.batch_id,
                  spec.name, version, records, len(files), batch.start or "beginning", batch.end)
-        return Appended(version, records, len(files), after)
+        return Appended(version, records, len(files), table)
     raise CommitConflictError(f"{stage} batch {batch.batch_id}: lost the commit to {spec.name} "
                               f"{MAX_COMMIT_ATTEMPTS} times")
 
