@@ -136,6 +136,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from streamlake.data_sources import freeze_heap_after
 from streamlake.delta.log import (
     DataFile,
     DeltaLog,
@@ -146,7 +147,6 @@ from streamlake.delta.log import (
     ScanSettings,
     table_root,
 )
-from streamlake.data_sources import freeze_heap_after
 from streamlake.errors import DataLossError, InvalidOptionError, StreamLakeError
 from streamlake.storage.location import is_secret
 
