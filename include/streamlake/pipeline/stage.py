@@ -272,7 +272,8 @@ def compact_appended(stage: str, appended: Mapping[str, Appended | None], max_sm
 
 def committed_version(table: DeltaTable, read_version: int, attempt_id: str) -> int:
     """The version an attempt's commit landed at (delta-rs may rebase it past others), from
-    ``table`` opened after the commit."""
+    ``table`` read after the commit (opened or brought up to date then), ``read_version`` the
+    version the attempt was planned on."""
     latest = table.version()
     for entry in table.history(limit=max(1, latest - read_version)):
         if entry.get("streamlake", {}).get("attempt") == attempt_id:
