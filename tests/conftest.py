@@ -330,8 +330,8 @@ def lake(tmp_path):
 # HTML, the CLI, the generator, and one small end-to-end run of the demo pipeline (produced
 # while it runs, with late, duplicated and malformed records, compared with the tests' own
 # oracle). `make test` runs these and everything else.
-FAST_FILES = {"test_audit_compare.py", "test_checkpoint.py", "test_cli_args.py",
-              "test_compose.py", "test_dags.py", "test_definitions.py", "test_events.py", "test_fork_server.py",
+FAST_FILES = {"test_audit_compare.py", "test_checkpoint.py", "test_cli_args.py", "test_compose.py",
+              "test_dags.py", "test_definitions.py", "test_event_ids.py", "test_events.py", "test_fork_server.py",
               "test_lake_archive.py", "test_layers.py", "test_logs.py", "test_metrics_rules.py",
               "test_offsets.py", "test_procs.py", "test_sink_plan.py", "test_supervisor.py", "test_views.py"}
 FAST_TESTS = ("test_pipelines.py::test_quarantine_holds_exactly_the_malformed_records_with_their_labelled_reasons"

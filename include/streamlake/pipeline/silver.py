@@ -11,9 +11,10 @@ micro-batch:
    the first record of an id wins (Kafka timestamp, then topic, partition,
    offset), and an event whose id silver already holds with an event time
    within the **deduplication horizon** (``dedup_horizon``, default 24 hours)
-   of its own is dropped. The lookup reads only silver files whose event-time
-   statistics overlap the batch's events +/- the horizon, so its cost follows
-   the horizon's volume, not the table's;
+   of its own is dropped. Of the silver files whose event-time statistics overlap
+   the batch's events +/- the horizon, the lookup reads only those holding a hash
+   of one of the batch's ids (:class:`streamlake.pipeline.event_ids.FileIdHashes`,
+   each file's id hashes read once per process), and compares the ids themselves;
 4. appends the remaining events to ``silver``;
 5. once more than ``compact_after_files`` of silver's (or quarantine's) files are
    small, bin-packs them (:func:`streamlake.pipeline.stage.compact_appended`, a
@@ -31,6 +32,7 @@ is added to silver as a column; earlier rows read it as null. Counts per batch
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -46,6 +48,7 @@ from streamlake.delta.table import (
 )
 from streamlake.pipeline import bronze as bronze_table
 from streamlake.pipeline.definition import PipelineDefinition
+from streamlake.pipeline.event_ids import FileIdHashes, hash_ids
 from streamlake.pipeline.schemas import QUARANTINE, silver_spec
 from streamlake.pipeline.stage import BatchRange, DeltaFedStage, append_batch, compact_appended
 from streamlake.pipeline.validation import BRONZE, MESSAGE, REASON, parse_events
@@ -89,6 +92,8 @@ class SilverStage(DeltaFedStage):
     source: str = SOURCE
     storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
     compact_after_files: int = COMPACT_AFTER_SMALL_FILES
+    # the id hashes of silver's files, read once each (derived from the files: never stale)
+    id_hashes: FileIdHashes = field(default_factory=FileIdHashes, repr=False, compare=False)
 
     @property
     def source_path(self) -> str:
@@ -218,6 +223,10 @@ class SilverStage(DeltaFedStage):
         times = events.column("t")
         low, high = pc.min(times).as_py(), pc.max(times).as_py()
         files = files_overlapping(table, d.event_time, from_micros(low - horizon), from_micros(high + horizon))
+        if files and not events.column("event_id").null_count:
+            # only the files holding one of the ids' hashes; their ids are compared below
+            files = self.id_hashes.files_with(files, hash_ids(events.column("event_id")), functools.partial(
+                self._read_ids, file_schema=spec.file_schema))
         if not files:
             return set()
         wanted = pa.array(events.column("event_id").to_pylist(), pa.string())
@@ -231,6 +240,11 @@ class SilverStage(DeltaFedStage):
         mine = dict(zip(events.column("event_id").to_pylist(), events.column("t").to_pylist()))
         return {i for i, t in zip(found.column("event_id").to_pylist(), found.column("t").to_pylist())
                 if abs((t - _EPOCH) // dt.timedelta(microseconds=1) - mine[i]) <= horizon}
+
+    def _read_ids(self, path: str, file_schema: pa.Schema) -> pa.ChunkedArray:
+        """The event ids of one of silver's data files."""
+        return parquet_dataset([path], file_schema, self.storage).to_table(
+            columns=[self.definition.event_id]).column(self.definition.event_id)
 
 
 def from_micros(micros: int) -> dt.datetime:
