@@ -168,6 +168,9 @@ def test_the_exporter_reports_what_the_test_produced(lake):
                          stage="bronze").values())
     progress = [json.loads(x) for x in Path(job.control.progress_file).read_text().splitlines()]
     assert batches == sum(1 for x in progress if x.get("stage", "bronze") == "bronze") >= 1
+    # silver's de-duplication state: what its last micro-batch's line says it keeps
+    assert one(samples, "streamlake_dedup_ids", pipeline=job.name) == \
+        [x for x in progress if x.get("stage") == "silver"][-1]["dedup_ids"]
     # every stage's line says where its micro-batch went: the stage's own work within the whole
     assert {x.get("stage", "bronze") for x in progress} == {"bronze", "silver", *(f"gold/{a}" for a in aggregates)}
     for line in progress:
@@ -412,6 +415,11 @@ def test_a_new_run_moves_every_value_and_a_fresh_exporter_agrees(spark, lake):
         assert one(after, "streamlake_late_events_pending", pipeline=job.name, aggregate=agg.name) == \
             pending(lake, agg.name)
     assert sum(pending(lake, a.name) for a in lake["definition"].aggregates) > 0, "late events were produced"
+    # the new run's de-duplication looked its ids up in every silver file of the first run (all
+    # within the horizon), so its state holds at least those events' ids, and at most every event's
+    events_before = sum(1 for r in lake["first"] if r["kind"] != "malformed")
+    events = sum(1 for r in produced if r["kind"] != "malformed")
+    assert events_before <= one(after, "streamlake_dedup_ids", pipeline=job.name) <= events
 
 
 def test_one_scrape_of_two_pipelines_is_timed_and_under_five_seconds_once_warm(spark, lake, tmp_path_factory):

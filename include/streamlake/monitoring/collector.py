@@ -38,6 +38,10 @@ Per job (every job :func:`streamlake.operations.jobs.list_jobs` knows, label ``p
     each micro-batch's duration (Spark's triggerExecution) and input rows, from the job's
     ``progress.jsonl``: the last batch's rows, and all batches' rows (its rate is the
     stage's throughput).
+``streamlake_dedup_ids``
+    the event ids whose hashes silver's de-duplication keeps in the driver's memory
+    (8 bytes each; :mod:`streamlake.pipeline.event_ids`), after its last micro-batch:
+    the size of its state. Absent for a definition without ``event_id``.
 
 ``streamlake_operation_duration_seconds{operation}`` (histogram), ``streamlake_operation_failures_total{operation}``,
 ``streamlake_operation_last_success{operation}``, ``streamlake_operation_last_timestamp_seconds{operation}``
@@ -102,6 +106,7 @@ LABELS = {
     "streamlake_quality_critical_failures": ("pipeline", "table", "suite"),
     "streamlake_quality_timestamp_seconds": ("pipeline", "table", "suite"),
     "streamlake_batch_last_input_rows": ("pipeline", "stage", "aggregate"),
+    "streamlake_dedup_ids": ("pipeline",),
     "streamlake_operation_last_success": ("pipeline", "operation"),
     "streamlake_operation_last_timestamp_seconds": ("pipeline", "operation"),
     "streamlake_scrape_errors": ("pipeline", "part"),
@@ -125,6 +130,7 @@ HELP = {
     "streamlake_quality_critical_failures": "critical expectations the newest validation failed",
     "streamlake_quality_timestamp_seconds": "when the newest validation of the table and suite ran",
     "streamlake_batch_last_input_rows": "input rows of the stage's last micro-batch",
+    "streamlake_dedup_ids": "event ids whose hashes silver's de-duplication keeps in memory (8 bytes each)",
     "streamlake_operation_last_success": "the newest run of the operation was proven (1) or failed (0)",
     "streamlake_operation_last_timestamp_seconds": "when the newest run of the operation ended",
     "streamlake_scrape_errors": "1 if this part of the pipeline could not be read in this scrape",
@@ -180,6 +186,8 @@ class _Progress:
             rows = int(line.get("numInputRows") or 0)
             stage["rows"] += rows
             stage["last_rows"] = rows
+            if isinstance(line.get("dedup_ids"), int):
+                stage["dedup_ids"] = line["dedup_ids"]
             ms = line.get("durationMs")
             if isinstance(ms, (int, float)):
                 seconds = ms / 1000.0
@@ -542,6 +550,8 @@ class PlatformCollector:
             families["streamlake_batch_input_rows_total"].add_metric(labels, s["rows"])
             families["streamlake_batch_duration_seconds"].add_metric(
                 labels, _cumulative(s["buckets"], BATCH_BUCKETS), s["sum"])
+            if "dedup_ids" in s:
+                families["streamlake_dedup_ids"].add_metric([pipeline], s["dedup_ids"])
 
 
 def _bucket(value: float, bounds: tuple[float, ...]) -> int:

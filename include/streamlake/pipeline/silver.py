@@ -26,7 +26,8 @@ row therefore ends up in exactly one of silver, quarantine, or the dropped
 duplicates (whose event id is in silver under another lineage), which the
 pipeline check verifies by lineage. A field added to the definition (optional)
 is added to silver as a column; earlier rows read it as null. Counts per batch
-(valid, quarantined, duplicates) go to the progress line.
+(valid, quarantined, duplicates) go to the progress line, with ``dedup_ids``: the
+ids whose hashes the de-duplication keeps in memory (its state's size).
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ class SilverStage(DeltaFedStage):
         return {"valid": events_written + dropped.num_rows if d.event_id else events_written,
                 "quarantined": quarantined.rows if quarantined else 0, "events": events_written,
                 "duplicates": dropped.num_rows, "candidates": candidates,
+                **({"dedup_ids": self.id_hashes.ids_held()} if d.event_id else {}),
                 # every bronze row of the batch is quarantined, an event or a dropped duplicate
                 "rows": (quarantined.rows if quarantined else 0) + events_written + dropped.num_rows,
                 **({"compacted": compacted} if compacted else {})}
