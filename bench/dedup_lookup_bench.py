@@ -9,8 +9,9 @@ the way it does in a pipeline: with its per-file id hashes
 (:mod:`streamlake.pipeline.event_ids`), which read each new file's ids once. At each
 checkpoint the same lookup also runs the way it ran before those hashes, reading the id
 and event-time columns of every file in the horizon, ``--repeat`` times (the median is
-reported), and once by a new stage (a process's first lookup, which reads every file's ids). Both answers are checked against the ids the bench wrote. No Spark: the
-lookup and the compaction are delta-rs and pyarrow on the driver.
+reported), and once by a new stage (a process's first lookup, which reads every file's
+ids). Both answers are checked against the ids the bench wrote. No Spark: the lookup and
+the compaction are delta-rs and pyarrow on the driver.
 
     .venv/bin/python bench/dedup_lookup_bench.py [--files 1000] [--rows 2000]
 """
@@ -124,7 +125,8 @@ def measure(args) -> dict:
             progress(f"{n} appends, {point['ids']:,} ids in {point['files']} files: the stage's lookup "
                      f"{point['stage_lookup_s']:.4f} s, reading every id {point['read_every_id_s']:.3f} s")
     return {"machine": machine(), "load_at_end": round(load(), 2), "at": dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds"), "rows_per_append": args.rows, "lookup_ids": args.lookup, "resent_from": args.resent_from, "repeat": args.repeat,
+        timespec="seconds"), "rows_per_append": args.rows, "lookup_ids": args.lookup, "resent_from": args.resent_from,
+        "repeat": args.repeat,
         "compact_after_small_files": COMPACT_AFTER_SMALL_FILES, "points": points, "compactions": compactions,
         "compaction_s": round(compaction_s, 2)}
 
@@ -190,7 +192,8 @@ def main() -> int:
     parser.add_argument("--lookup", type=int, default=200, help="ids a micro-batch looks up")
     parser.add_argument("--resent-from", type=int, default=5,
                         help="the duplicates looked up resend events of this many last appends")
-    parser.add_argument("--repeat", type=int, default=5, help="lookups reading every id per checkpoint (the median is reported)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="lookups reading every id per checkpoint (the median is reported)")
     parser.add_argument("--render", action="store_true", help="the .md and .png again from the .json")
     args = parser.parse_args()
     if args.render:

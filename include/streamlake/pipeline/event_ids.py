@@ -41,7 +41,10 @@ def hash_ids(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return np.empty(0, np.uint64)
     _, offsets_buffer, data_buffer = text.buffers()
     offsets = np.frombuffer(offsets_buffer, np.int64, n + 1, text.offset * 8)
-    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None and data_buffer.size else np.zeros(1, np.uint8)
+    if data_buffer is None or not data_buffer.size:  # every id empty: nothing to index
+        data = np.zeros(1, np.uint8)
+    else:
+        data = np.frombuffer(data_buffer, np.uint8)
     starts, lengths = offsets[:-1], np.diff(offsets)
     hashes = np.full(n, _FNV_OFFSET, np.uint64)
     for i in range(int(lengths.max())):  # one byte of every id per step: ids are short, files long
