@@ -28,7 +28,7 @@ from streamlake.delta.table import open_table, read_table
 from streamlake.pipeline.control import JobControl
 from streamlake.pipeline.config import PipelineConfig
 from streamlake.pipeline.definition import load_definition
-from streamlake.pipeline.driver import run_stages
+from streamlake.pipeline.driver import read_progress, run_stages
 from streamlake.pipeline.schemas import QUARANTINE, gold_spec, late_spec, silver_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,10 @@ RECORDS = 1500
 # Silver, quarantine and late_events compacted once more than this many of their files are small
 # (the default, 64, is more micro-batches than these runs have): every test here runs on them.
 COMPACT_AFTER = 4
+# Silver and gold read a small micro-batch on the driver (stage.DRIVER_READ_MAX_BYTES), a large
+# one with Spark's tasks. Here the orders pipeline reads every batch with Spark's tasks, so every
+# test below checks both ways of reading, against the same oracle.
+DRIVER_READ_MAX_BYTES = {"sensors": None, "orders": 0}
 
 
 def definition_path(name: str) -> Path:
@@ -75,6 +79,8 @@ class Run:
         self.raw = oracle.load(definition_path(name))
         self.records = [r for p in producers for r in p.records]
         self.where = [p.lineage[r.seq] for p in producers for r in p.records]  # (partition, offset) by record
+        # the progress lines of the run (JSON), before any test ran anything on its root
+        self.progress = read_progress(JobControl(cfg.control_dir))
         assert all(len(p.lineage) == len(p.records) for p in producers), "every record's delivery was confirmed"
 
     def kind(self, kind: str) -> list:
@@ -107,7 +113,7 @@ def pipeline_run(request, spark, broker, tmp_path_factory):
     definition = replace(load_definition(definition_path(name)), topics=(topic,))
     root = tmp_path_factory.mktemp(f"pipeline-{name}")
     cfg = PipelineConfig(root=str(root / "lake"), definition=definition, processing_time_s=1.0,
-                         compact_after_files=COMPACT_AFTER)
+                         compact_after_files=COMPACT_AFTER, driver_read_max_bytes=DRIVER_READ_MAX_BYTES[name])
     control = JobControl(cfg.control_dir)
     errors: list[BaseException] = []
 
@@ -475,6 +481,20 @@ def test_silver_quarantine_and_late_events_compact_their_small_files_as_the_stre
             assert len(files_after["path"]) < len(files_before["path"]), (name, version)
             assert sum(files_after["num_records"]) == sum(files_before["num_records"]), (name, version)
             assert committed_position(after, upstream) == committed_position(before, upstream), (name, version)
+
+
+def test_silver_and_gold_read_their_batches_where_the_run_says(pipeline_run):
+    """Every silver and gold micro-batch of the sensors run (small: the default) was read on the
+    driver, every one with rows of the orders run (``driver_read_max_bytes=0``) by Spark's tasks; each
+    progress line's input rows are the rows the batch read, counted in either way (the sum over
+    silver's batches is every record the test produced: silver reads each bronze row once)."""
+    run = pipeline_run
+    stages = ("silver", *(agg.stage for agg in run.definition.aggregates))
+    batches = [b for b in run.progress if b.get("stage") in stages]
+    assert {b["stage"] for b in batches} == set(stages)
+    # (a batch of no files is "read on the driver" under any limit: there is nothing to read)
+    assert {b["read_on_driver"] for b in batches if b["numInputRows"]} == {DRIVER_READ_MAX_BYTES[run.name] != 0}
+    assert sum(b["numInputRows"] for b in batches if b["stage"] == "silver") == len(run.records)
 
 
 def test_gold_freshness_is_the_age_of_the_oldest_record_gold_lacks(pipeline_run, broker):

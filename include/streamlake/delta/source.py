@@ -557,6 +557,35 @@ def read_files(root: str, files: Sequence[DataFile], schema, fail_on_data_loss: 
             yield pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
+def read_batch_on_driver(spark, path: str, schema, start: Mapping, end: Mapping, options: Mapping[str, str],
+                         max_bytes: int):
+    """Micro-batch ``(start, end]`` (offsets as Spark hands them to ``foreachBatch``'s query) of
+    the stream of the table at ``path``, read here, on the driver, into a local relation:
+    ``(DataFrame, rows)``, or None when its data files hold more than ``max_bytes`` (Spark's
+    tasks read it then, from the stream's own DataFrame).
+
+    The same files and rows as the source's tasks: the same plan
+    (:meth:`DeltaStreamReader.plan_versioned_files`, under the query's ``options``) and the
+    same reader (:func:`read_files`), in ``schema``, the stream's own. A small batch saves
+    what a task of a Python data source costs (planning in a Python process, a Python
+    worker, the rows through Arrow into the JVM): about 160 ms of a 200-row batch here,
+    half of the job that reads it. Raises what those two raise (DataLossError,
+    TableChangedError)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    opts = DeltaSourceOptions.parse({**options, "path": path})
+    versioned = DeltaStreamReader(opts, schema).plan_versioned_files(start, end)
+    if sum(f.size for f, _ in versioned) > max_bytes:
+        return None
+    target = to_arrow_schema(schema, timezone="UTC")
+    batches = list(read_files(opts.path, [f for f, _ in versioned], schema, opts.fail_on_data_loss,
+                              [v for _, v in versioned], opts.storage))
+    # an empty batch as one empty chunk per column: pyspark cannot convert columns of none
+    table = pa.Table.from_batches(batches, schema=target) if batches else target.empty_table()
+    return spark.createDataFrame(table, schema=schema), table.num_rows
+
+
 # -- Spark -----------------------------------------------------------------------------
 
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -52,6 +52,9 @@ class PipelineConfig:
     # silver and gold: bin-pack the small files of silver, quarantine and each late_events table
     # once there are more than this many (None: streamlake.delta.table.COMPACT_AFTER_SMALL_FILES)
     compact_after_files: int | None = None
+    # silver and gold: read a micro-batch of at most this many bytes of upstream files on the
+    # driver (None: streamlake.pipeline.stage.DRIVER_READ_MAX_BYTES; 0: every batch by Spark's tasks)
+    driver_read_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.root = normalize(self.root)
@@ -128,16 +131,18 @@ class PipelineConfig:
 
         apply_definition(self.root, d)
         storage = self.task_storage()
-        compaction = {} if self.compact_after_files is None else {"compact_after_files": self.compact_after_files}
+        tuning = {} if self.compact_after_files is None else {"compact_after_files": self.compact_after_files}
+        if self.driver_read_max_bytes is not None:
+            tuning["driver_read_max_bytes"] = self.driver_read_max_bytes
         if "silver" in self.stages:
             stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
                                       self.checkpoint("silver"), processing_time_s=self.downstream_trigger_s,
-                                      query_name=self.query_name, storage=storage, **compaction))
+                                      query_name=self.query_name, storage=storage, **tuning))
         if "gold" in self.stages:
             stages += [GoldStage(d, agg, self.table("silver"), self.table(agg.gold_table), self.table(agg.late_table),
                                  self.checkpoint(agg.stage), partitions=self.gold_partitions,
                                  processing_time_s=self.downstream_trigger_s, query_name=self.query_name,
-                                 storage=storage, **compaction)
+                                 storage=storage, **tuning)
                        for agg in d.aggregates]
         return stages
 

@@ -60,6 +60,7 @@ from streamlake.pipeline.measures import MAX_EVENT, combine, partial_columns
 from streamlake.pipeline.schemas import gold_spec, late_spec
 from streamlake.pipeline.silver import ensure_silver
 from streamlake.pipeline.stage import (
+    DRIVER_READ_MAX_BYTES,
     BatchRange,
     DeltaFedStage,
     append_batch,
@@ -322,6 +323,7 @@ class GoldStage(DeltaFedStage):
     # late_events: bin-packed once more than this many of its files are small (every batch
     # with a late event appends one per event date; gold's merge rewrites its own files)
     compact_after_files: int = COMPACT_AFTER_SMALL_FILES
+    driver_read_max_bytes: int = DRIVER_READ_MAX_BYTES  # smaller batches: read on the driver
 
     @property
     def name(self) -> str:

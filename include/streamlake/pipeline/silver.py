@@ -51,7 +51,13 @@ from streamlake.pipeline import bronze as bronze_table
 from streamlake.pipeline.definition import PipelineDefinition
 from streamlake.pipeline.event_ids import FileIdHashes, hash_ids
 from streamlake.pipeline.schemas import QUARANTINE, silver_spec
-from streamlake.pipeline.stage import BatchRange, DeltaFedStage, append_batch, compact_appended
+from streamlake.pipeline.stage import (
+    DRIVER_READ_MAX_BYTES,
+    BatchRange,
+    DeltaFedStage,
+    append_batch,
+    compact_appended,
+)
 from streamlake.pipeline.validation import BRONZE, MESSAGE, REASON, parse_events
 
 log = logging.getLogger(__name__)
@@ -93,6 +99,7 @@ class SilverStage(DeltaFedStage):
     source: str = SOURCE
     storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
     compact_after_files: int = COMPACT_AFTER_SMALL_FILES
+    driver_read_max_bytes: int = DRIVER_READ_MAX_BYTES  # smaller batches: read on the driver
     # the id hashes of silver's files, read once each (derived from the files: never stale)
     id_hashes: FileIdHashes = field(default_factory=FileIdHashes, repr=False, compare=False)
 
