@@ -597,6 +597,9 @@ def summarize_batches(batches: list[dict], since: float) -> dict:
         stage["rows"] += line["numInputRows"]
         durations = dict(line.get("durations") or {})
         durations.setdefault("triggerExecution", line.get("durationMs") or 0)
+        if "waitMs" in line:  # silver and gold wait for their upstream's commit in latestOffset: not their work
+            durations.update(wait=line["waitMs"], triggerExecution=line["durationMs"],
+                             latestOffset=durations.get("latestOffset", 0) - line["waitMs"])
         for key, value in {**durations, **{f"sink.{k}": v for k, v in (line.get("sinkMs") or {}).items()}}.items():
             stage["ms"].setdefault(key, []).append(value)
     for stage in out.values():
@@ -691,8 +694,9 @@ def markdown(result: dict) -> str:
                 f"counted; {r['produced']:,} records measured; {drained} (the producer fell behind its schedule by "
                 f"at most {r['producer_behind_s'] * 1000:.0f} ms; a poll cost {r['poll_cost_ms']:.0f} ms). "
                 f"CPU: {cpu_text(r['cpu'])}." + unseen, ""]
-        out += ["| stage | micro-batches | rows/batch | trigger total | latestOffset | walCommit | addBatch "
-                "(sink: files / commit) | commitOffsets |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += ["| stage | micro-batches | rows/batch | waited for the upstream's commit | micro-batch | "
+                "latestOffset | walCommit | addBatch (sink: files / commit) | commitOffsets |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for stage, s in r["batches"].items():
             m = s["mean_ms"]
             sink = f" ({m['sink.write']} / {m['sink.plan'] + m['sink.commit']})" if "sink.write" in m else ""
@@ -700,8 +704,8 @@ def markdown(result: dict) -> str:
             def ms(key: str) -> str:
                 return f"{m[key]:,} ms" if key in m else "–"
 
-            out.append(f"| {stage} | {s['batches']} | {s['rows_per_batch']:,} | {ms('triggerExecution')} | "
-                       f"{ms('latestOffset')} | {ms('walCommit')} | {ms('addBatch')}{sink} | {ms('commitOffsets')} |")
+            out.append(f"| {stage} | {s['batches']} | {s['rows_per_batch']:,} | {ms('wait')} | "
+                       f"{ms('triggerExecution')} | {ms('latestOffset')} | {ms('walCommit')} | {ms('addBatch')}{sink} | {ms('commitOffsets')} |")
         out.append("")
     out += ["## What the latency is made of", ""] + result["explanation"] + ["", "![latency](latency.png)", ""]
     return "\n".join(out)
@@ -742,15 +746,16 @@ def explain(result: dict) -> list[str]:
     pl = result.get("pipeline")
     if pl:
         stages = pl["batches"]
-        parts = ", ".join(f"{name} ~{s['mean_ms'].get('triggerExecution', 0) / 1000:.1f} s per micro-batch "
+        parts = ", ".join(f"{name} ~{s['mean_ms'].get('triggerExecution', 0) / 1000:.2f} s per micro-batch "
                           f"({s['batches']} batches)" for name, s in stages.items())
         s, br = pl["silver"], pl["bronze"]
-        g = f" → gold {pl['gold']['p50_s']:.1f} s" if pl.get("gold") else ""
+        g = f" → gold {pl['gold']['p50_s']:.2f} s" if pl.get("gold") else ""
         lines.append(
             f"- **Pipeline**: the stages (bronze, silver, one gold query per aggregate) are streaming queries of one "
-            f"driver, each triggered every {trig:g} s and each reading the table the previous one wrote: {parts}. "
-            f"Median bronze {br['p50_s']:.1f} s → silver {s['p50_s']:.1f} s{g}: each hop adds its own trigger "
-            f"wait and micro-batch. The pipeline's processes used {cpu_text(pl['cpu'])}. "
+            f"driver, each reading the table the previous one wrote; bronze is triggered every {trig:g} s, silver "
+            f"and gold start as their upstream commits (their sources wait for the commit): {parts}. "
+            f"Median bronze {br['p50_s']:.2f} s → silver {s['p50_s']:.2f} s{g}: each hop adds its micro-batch. "
+            f"The pipeline's processes used {cpu_text(pl['cpu'])}. "
             + dominant(stages))
     return lines
 
@@ -760,10 +765,10 @@ def dominant(stages: dict) -> str:
         return ""
     name, s = max(stages.items(), key=lambda kv: kv[1]["mean_ms"].get("triggerExecution", 0))
     m = s["mean_ms"]
-    phase = max(((k, v) for k, v in m.items() if k not in ("triggerExecution",) and not k.startswith("sink.")),
+    phase = max(((k, v) for k, v in m.items() if k not in ("triggerExecution", "wait") and not k.startswith("sink.")),
                 key=lambda kv: kv[1], default=("?", 0))
-    detail = f", mostly {phase[0]} ~{phase[1] / 1000:.1f} s" if phase[1] else ""  # silver/gold report no phases
-    return (f"The longest micro-batches are {name}'s (~{m.get('triggerExecution', 0) / 1000:.1f} s{detail}): "
+    detail = f", mostly {phase[0]} ~{phase[1] / 1000:.2f} s" if phase[1] else ""
+    return (f"The longest micro-batches are {name}'s (~{m.get('triggerExecution', 0) / 1000:.2f} s{detail}): "
             "they set the pace of the chain.")
 
 

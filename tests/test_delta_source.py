@@ -187,7 +187,8 @@ def test_options_are_validated():
     assert (opts.max_files, opts.max_bytes_per_trigger, opts.starting_version) == (None, 2048, "latest")
     for bad in ({"path": "/t", "startingVersion": "-1"}, {"path": "/t", "maxFilesPerTrigger": "0"},
                 {"path": "/t", "maxBytesPerTrigger": "lots"}, {"path": "/t", "skipChangeCommits": "yes"},
-                {"path": "/t", "startingVersion": "1", "startingTimestamp": "2026-01-01"}, {}):
+                {"path": "/t", "startingVersion": "1", "startingTimestamp": "2026-01-01"}, {},
+                {"path": "/t", "waitForCommitMs": "0"}, {"path": "/t", "waitForCommitMs": "soon"}):
         with pytest.raises(InvalidOptionError):
             DeltaSourceOptions.parse(bad)
     with pytest.raises(InvalidOptionError, match="maxFilesPerTrigger"):
@@ -254,6 +255,35 @@ def test_driver_side_rules_without_spark(tmp_path):
         _plan(old, start)
     end, got = _plan(_reader(table, startingVersion=11), start)
     assert got == [11]
+
+
+def test_a_caught_up_stream_waits_for_the_next_commit_and_no_longer(tmp_path):
+    """``waitForCommitMs``: a stream that has read every commit answers as soon as the next
+    commit lands during its wait, with that commit's files; with no commit, after the wait,
+    that nothing is new. A stream with unread commits, and one without the option, never wait."""
+    import threading
+
+    table = table_with(tmp_path / "t", 2)
+    reader = _reader(table, startingVersion=0, waitForCommitMs=5000)
+    end, got = _plan(reader, reader.initialOffset())
+    assert (end["reservoirVersion"], got) == (2, [0, 1])  # unread commits: at once
+
+    started = time.monotonic()
+    writer = threading.Timer(0.5, write, (table, 2))
+    writer.start()
+    later, got = _plan(reader, end)
+    waited = time.monotonic() - started
+    writer.join()
+    assert (later["reservoirVersion"], got) == (3, [2])
+    assert 0.5 <= waited < 4.0, f"answered {waited:.2f} s after the start, the commit came at 0.5 s"
+
+    short = _reader(table, startingVersion=0, waitForCommitMs=300)
+    started = time.monotonic()
+    assert short.latestOffset(later, ReadAllAvailable()) == later
+    assert 0.3 <= time.monotonic() - started < 3.0
+    started = time.monotonic()
+    assert _reader(table, startingVersion=0).latestOffset(later, ReadAllAvailable()) == later
+    assert time.monotonic() - started < 0.3
 
 
 # -- streaming on Spark -------------------------------------------------------------------

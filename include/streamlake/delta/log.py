@@ -311,6 +311,22 @@ class DeltaLog:
         table.update_incremental()
         return table.version()
 
+    def wait_for_version(self, version: int, timeout_s: float, look_every_s: float = 0.01) -> bool:
+        """Wait until the local table has ``version`` (its commit file exists) or ``timeout_s``
+        passed; whether it has it. Looks every ``look_every_s`` (one ``stat``). A table on an
+        object store is not waited for (each look would be a request): False at once."""
+        import time
+
+        path = commit_file(self.root, version)
+        if "://" in self.root:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(path):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(look_every_s)
+        return True
+
     @property
     def table_id(self) -> str:
         return self.table.metadata().id

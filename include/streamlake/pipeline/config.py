@@ -22,11 +22,14 @@ from streamlake.pipeline.definition import PipelineDefinition
 from streamlake.storage.location import StorageOptions, join, normalize, parse_pairs, state_dir, storage_options
 
 STAGES = ("bronze", "silver", "gold")
-#: How often silver and gold look for a new commit of their upstream table in a continuous run,
-#: whatever bronze's trigger interval (the run's processing time, when shorter): a stage starts
-#: its micro-batch within this long of its upstream's commit instead of waiting for a trigger of
-#: its own, so a record does not wait a trigger per stage on its way to gold. A look that finds
-#: nothing new reads one absent log entry (on an object store, one request) and starts no batch.
+#: Silver and gold in a continuous run start a micro-batch as soon as their upstream table
+#: commits, whatever bronze's trigger interval, so a record does not wait a trigger per stage on
+#: its way to gold. On a local root a stage's query runs on a trigger of 0 and its source waits
+#: up to UPSTREAM_WAIT_MS for the upstream's next commit (``waitForCommitMs``: a look for the
+#: log entry every 10 ms), so a batch starts within ~10 ms of that commit. On an object store,
+#: where every look is a request, the stage looks every UPSTREAM_POLL_S instead (the run's
+#: processing time, when shorter): a look that finds nothing reads one absent log entry.
+UPSTREAM_WAIT_MS = 500
 UPSTREAM_POLL_S = 0.25
 
 
@@ -81,8 +84,19 @@ class PipelineConfig:
 
     @property
     def downstream_trigger_s(self) -> float | None:
-        """The trigger interval of silver and gold: see UPSTREAM_POLL_S (None: available-now)."""
-        return None if self.processing_time_s is None else min(self.processing_time_s, UPSTREAM_POLL_S)
+        """The trigger interval of silver and gold (None: available-now): 0 on a local root, where
+        they wait for their upstream's commit (:attr:`upstream_wait_ms`), else UPSTREAM_POLL_S."""
+        if self.processing_time_s is None:
+            return None
+        return 0.0 if self.upstream_wait_ms else min(self.processing_time_s, UPSTREAM_POLL_S)
+
+    @property
+    def upstream_wait_ms(self) -> int | None:
+        """How long silver's and gold's sources wait for their upstream's next commit in a
+        continuous run on a local root (UPSTREAM_WAIT_MS); None: they do not wait."""
+        from streamlake.storage.location import is_object_store
+
+        return None if self.processing_time_s is None or is_object_store(self.root) else UPSTREAM_WAIT_MS
 
     def table(self, name: str) -> str:
         return join(self.root, name)
@@ -134,6 +148,8 @@ class PipelineConfig:
         tuning = {} if self.compact_after_files is None else {"compact_after_files": self.compact_after_files}
         if self.driver_read_max_bytes is not None:
             tuning["driver_read_max_bytes"] = self.driver_read_max_bytes
+        if self.upstream_wait_ms:
+            tuning["upstream_wait_ms"] = self.upstream_wait_ms
         if "silver" in self.stages:
             stages.append(SilverStage(d, self.table("bronze"), self.table("silver"), self.table("quarantine"),
                                       self.checkpoint("silver"), processing_time_s=self.downstream_trigger_s,
@@ -176,7 +192,8 @@ def add_pipeline_arguments(parser, *, root_required: bool = True) -> None:
                       help="process everything available at start through every stage, then stop (default)")
     mode.add_argument("--processing-time", type=float, metavar="SECONDS",
                       help="run continuously: bronze reads Kafka every SECONDS; silver and gold start "
-                           f"as soon as their upstream table commits (looked for every {UPSTREAM_POLL_S:g} s)")
+                           "as soon as their upstream table commits (on an object store: looked for every "
+                           f"{UPSTREAM_POLL_S:g} s)")
     parser.add_argument("--stages", help="bronze | bronze,silver | bronze,silver,gold (default: every stage the "
                                          "definition has; bronze without one)")
     parser.add_argument("--max-offsets-per-trigger", type=int, help="bronze: at most N Kafka records per micro-batch")

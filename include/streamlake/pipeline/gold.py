@@ -324,6 +324,7 @@ class GoldStage(DeltaFedStage):
     # with a late event appends one per event date; gold's merge rewrites its own files)
     compact_after_files: int = COMPACT_AFTER_SMALL_FILES
     driver_read_max_bytes: int = DRIVER_READ_MAX_BYTES  # smaller batches: read on the driver
+    upstream_wait_ms: int | None = None  # the source's waitForCommitMs (a continuous run on a local root)
 
     @property
     def name(self) -> str:
@@ -342,6 +343,8 @@ class GoldStage(DeltaFedStage):
 
     def source_options(self) -> dict[str, str]:
         opts = {"includeCommitVersion": "true"}
+        if self.upstream_wait_ms:
+            opts["waitForCommitMs"] = str(self.upstream_wait_ms)
         if self.max_files_per_trigger:
             opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
         return opts

@@ -100,6 +100,7 @@ class SilverStage(DeltaFedStage):
     storage: dict[str, str] = field(default_factory=dict)  # an object-store root's options, without secrets
     compact_after_files: int = COMPACT_AFTER_SMALL_FILES
     driver_read_max_bytes: int = DRIVER_READ_MAX_BYTES  # smaller batches: read on the driver
+    upstream_wait_ms: int | None = None  # the source's waitForCommitMs (a continuous run on a local root)
     # the id hashes of silver's files, read once each (derived from the files: never stale)
     id_hashes: FileIdHashes = field(default_factory=FileIdHashes, repr=False, compare=False)
 
@@ -116,6 +117,8 @@ class SilverStage(DeltaFedStage):
 
     def source_options(self) -> dict[str, str]:
         opts = {"includeCommitVersion": "true"}
+        if self.upstream_wait_ms:
+            opts["waitForCommitMs"] = str(self.upstream_wait_ms)
         if self.max_files_per_trigger:
             opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
         return opts

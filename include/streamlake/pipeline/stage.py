@@ -319,9 +319,9 @@ def resume_options(tables: Mapping[str, str], source: str, source_path: str, che
 class DeltaFedStage:
     """Mixin for stages whose query reads an upstream Delta table: starting the query,
     progress lines. Subclasses define ``name``, ``source``, ``source_path``,
-    ``checkpoint``, ``processing_time_s``, ``outputs()``, ``source_options()``,
-    ``prepare()`` and ``process(df, batch)``; ``storage`` (options without secrets) when
-    the tables are on an object store."""
+    ``checkpoint``, ``processing_time_s``, ``upstream_wait_ms``, ``driver_read_max_bytes``,
+    ``outputs()``, ``source_options()``, ``prepare()`` and ``process(df, batch)``;
+    ``storage`` (options without secrets) when the tables are on an object store."""
 
     def __call__(self, df, batch_id: int) -> None:
         """Process the batch; what it did goes to the query's checkpoint for the progress line
@@ -368,7 +368,11 @@ class DeltaFedStage:
         # Spark's count of the rows its tasks read; the stage's own when they read none (a batch
         # read on the driver) or Spark does not say (foreachBatch on a Spark Connect server)
         rows = result.pop("rows", 0)
-        duration_ms = progress.get("durationMs", {}).get("triggerExecution")
+        durations = progress.get("durationMs", {})
+        # a source that waits for the upstream's commit (upstream_wait_ms) waits in latestOffset,
+        # before the batch: waitMs, and the batch's own time is the rest of the trigger
+        waited = durations.get("latestOffset", 0) if self.upstream_wait_ms else 0
+        duration_ms = durations.get("triggerExecution", 0) - waited if durations else None
         if result.get("read_on_driver"):
             per_second = rows * 1000 / duration_ms if duration_ms else 0.0
         else:
@@ -379,7 +383,8 @@ class DeltaFedStage:
             "numInputRows": rows,
             "processedRowsPerSecond": round(per_second, 1),
             "durationMs": duration_ms,
-            "durations": progress.get("durationMs", {}),
+            "durations": durations,
+            **({"waitMs": waited} if self.upstream_wait_ms else {}),
             "endOffset": (progress.get("sources") or [{}])[0].get("endOffset"),
             **result,
         }
