@@ -63,6 +63,8 @@ stop:
 bench: setup
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/latency_bench.py
+	$(BIN)/python bench/latency_bench.py --rate 200 --skip-one-record --name latency_200
+	$(BIN)/python bench/latency_bench.py --definition pipelines/orders.yaml --skip-one-record --name latency_orders
 	$(BIN)/python bench/backfill_bench.py
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/operations_bench.py

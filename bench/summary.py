@@ -20,7 +20,8 @@ from common import RESULTS  # noqa: E402
 def main() -> int:
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     print("\n== figures against their targets ==")
-    for name in ("ingest", "latency", "backfill", "operations", "object_store", "s3_proof", "spark_python", "peer"):
+    for name in ("ingest", "latency", "latency_200", "latency_orders", "backfill", "operations", "object_store",
+                 "s3_proof", "spark_python", "peer"):
         path = results / f"{name}.json"
         if not path.exists():
             print(f"{name}: no results ({path} missing: run bench/{name}_bench.py)")
@@ -28,7 +29,7 @@ def main() -> int:
         data = json.loads(path.read_text())
         for line in data.get("summary", []):
             print(line)
-    print(f"details: {results}/ingest.md, latency.md, backfill.md, operations.md, object_store.md, s3_proof.md, "
+    print(f"details: {results}/ingest.md, latency.md, latency_200.md, latency_orders.md, backfill.md, operations.md, object_store.md, s3_proof.md, "
           f"spark_python.md, peer.md (each figure with the machine's load)")
     return 0
 

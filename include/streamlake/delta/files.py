@@ -18,7 +18,9 @@ Two writers fill an attempt directory:
 * :func:`write_attempt_files`: Spark's own Parquet writer (JVM) writes a
   DataFrame; the driver reads the footers. Used by the silver and gold stages,
   and by bronze with ``writer="spark"``. For a table on an object store it
-  runs the rows through ``mapInArrow`` tasks that write with the writer below.
+  runs the rows through ``mapInArrow`` tasks that write with the writer below;
+  :func:`write_arrow_files` writes rows the driver already holds (a silver
+  micro-batch read on the driver) with it, in the driver.
 * :class:`~streamlake.storage.data_files.AttemptFileWriter`: the tasks that
   *produce* the rows write them with pyarrow, where they are (bronze's fast path:
   the Kafka source's read tasks, ``output=files``), and hand the driver only a
@@ -121,30 +123,51 @@ def _write_with_tasks(rows, table_root: str, attempt_id: str, columns: Sequence[
     by = list(partition_by)
 
     def write(batches):
-        import uuid
-
-        base = FileTarget.from_json(template)
-        writers: dict[tuple, AttemptFileWriter] = {}
-        try:
-            for batch in batches:
-                for values, part in _split_by_partition(batch, by, fixed):
-                    key = tuple(sorted(values.items()))
-                    if key not in writers:
-                        target = replace(base, directory=attempt_directory(attempt_id, values),
-                                         partition_values=values)
-                        writers[key] = AttemptFileWriter(target, f"part-{uuid.uuid4().hex}.parquet")
-                    writers[key].write(part)
-            described = [w.close() for w in writers.values()]
-        except BaseException:
-            for w in writers.values():
-                w.abort()
-            raise
-        done = [data_file_to_json(f) for f in described if f is not None]
+        done = [data_file_to_json(f) for f in write_batches(batches, FileTarget.from_json(template), attempt_id,
+                                                            by, fixed)]
         if done:
             yield pa.RecordBatch.from_pydict({"file": done})
 
     written = rows.select(*columns, *partition_by).mapInArrow(write, "file string").collect()
     return [data_file_from_json(r["file"]) for r in written]
+
+
+def write_arrow_files(rows: pa.Table, table_root: str, attempt_id: str, columns: Sequence[str],
+                      stats_columns: Sequence[str], *, partition_values: Mapping[str, str] | None = None,
+                      partition_by: Sequence[str] = (), storage: Mapping[str, str] | None = None) -> list[DataFile]:
+    """:func:`write_attempt_files` for rows already in this process (an Arrow table with
+    ``columns`` and the ``partition_by`` columns): written here with pyarrow, one file per
+    partition, in the layout and with the statistics of the tasks' files. Raises what
+    pyarrow raises; a failed write leaves only unreferenced files."""
+    base = FileTarget(table_root, "", tuple(columns), stats_columns=tuple(stats_columns), storage=dict(storage or {}))
+    fixed = dict(partition_values) if partition_values is not None else None
+    return write_batches(rows.select([*columns, *partition_by]).to_batches(), base, attempt_id, list(partition_by),
+                         fixed)
+
+
+def write_batches(batches, base: FileTarget, attempt_id: str, partition_by: Sequence[str],
+                  fixed: Mapping[str, str] | None) -> list[DataFile]:
+    """Write record batches as the Parquet files of commit attempt ``attempt_id`` (one per
+    partition of ``partition_by``, or all under the ``fixed`` partition values), with
+    ``base``'s columns and statistics; the non-empty files written. A failure aborts every
+    file begun (nothing is left half-written) and raises."""
+    import uuid
+
+    writers: dict[tuple, AttemptFileWriter] = {}
+    try:
+        for batch in batches:
+            for values, part in _split_by_partition(batch, partition_by, fixed):
+                key = tuple(sorted(values.items()))
+                if key not in writers:
+                    target = replace(base, directory=attempt_directory(attempt_id, values), partition_values=values)
+                    writers[key] = AttemptFileWriter(target, f"part-{uuid.uuid4().hex}.parquet")
+                writers[key].write(part)
+        described = [w.close() for w in writers.values()]
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    return [f for f in described if f is not None]
 
 
 def _split_by_partition(batch: pa.RecordBatch, partition_by: Sequence[str],

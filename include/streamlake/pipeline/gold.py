@@ -359,12 +359,13 @@ class GoldStage(DeltaFedStage):
         ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)
         self.late_spec()
 
-    def process(self, df, batch: BatchRange) -> dict:
+    def process(self, df, batch: BatchRange, on_driver: bool = False) -> dict:
         """Write one micro-batch of silver events to late_events and gold (module docstring).
 
         Spark runs one job on the batch (read once and cached), aggregating every event
         split by late or on time, and a second one writing the late events only when
-        the first found any; the rest happens on the driver."""
+        the first found any; the rest happens on the driver. (The same whether the batch
+        was read on the driver, ``on_driver``, or by Spark's tasks.)"""
         from pyspark.sql import functions as F
 
         gold = ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)

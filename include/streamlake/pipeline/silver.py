@@ -128,59 +128,46 @@ class SilverStage(DeltaFedStage):
         ensure_silver(self.silver_path, self.definition, self.storage)
         ensure_table(self.quarantine_path, QUARANTINE, self.storage)
 
-    def process(self, df, batch: BatchRange) -> dict:
+    def process(self, df, batch: BatchRange, on_driver: bool = False) -> dict:
         """Write one micro-batch of bronze rows to quarantine and silver (see the module docstring).
 
-        Spark runs up to three jobs on the batch (parsed once and cached): collecting
-        every record's verdict and the valid events' ids and times for
-        de-duplication, writing quarantine (not when the batch has no reject: its
-        commit then only records the position), writing silver; the counts come from
-        the written files."""
+        Read by Spark's tasks, the batch is parsed once and cached, and Spark runs up to three
+        jobs on it: collecting every record's verdict and the valid events' ids and times for
+        de-duplication, writing quarantine (not when the batch has no reject: its commit then
+        only records the position), writing silver. Read on the driver (``on_driver``: a local
+        relation), one query computes quarantine's rows, silver's and the verdicts into Arrow
+        here, and both tables' files are written here. The counts come from the written files."""
         from pyspark.sql import functions as F
 
         d = self.definition
         silver, spec = ensure_silver(self.silver_path, d, self.storage)
-        parsed = parse_events(df, d).persist()
-        try:
-            batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
-            rejects = parsed.where(F.col(REASON).isNotNull()).select(
-                *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE],
-                F.col(f"{BRONZE}.timestamp").alias("kafka_timestamp"), F.col(f"{BRONZE}.key").alias("key"),
-                F.col(f"{BRONZE}.value").alias("value"), F.col(REASON).alias("reason"),
-                F.col(MESSAGE).alias("message"), F.col(f"{BRONZE}.{VERSION_COLUMN}").alias("bronze_version"),
-                F.lit(batch_time).cast("timestamp").alias("quarantined_at"),
-                F.col(f"{BRONZE}.ingest_date").alias("ingest_date"),
-                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
-            valid = parsed.where(F.col(REASON).isNull())
-            dropped = pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
-                                                                  ("offset", pa.int64()))})
-            candidates, any_rejected = 0, True
+        batch_time = dt.datetime.fromtimestamp(batch.batch_time_ms / 1000, dt.timezone.utc)
+        columns = self._columns(batch_time)
+        parsed = parse_events(df, d)
+        if on_driver:
+            rejects, events, ids = self._rows_here(parsed, columns, spec)
+            any_rejected = rejects.num_rows > 0
+        else:
+            parsed = parsed.persist()
+            rejects = parsed.where(F.col(REASON).isNotNull()).select(*_aliased(columns["quarantine"]))
+            events = parsed.where(F.col(REASON).isNull())
+            any_rejected, ids = True, None
             if d.event_id:
                 # one job: every row's verdict, and the valid ones' ids (the parse is cached by it)
-                verdicts = parsed.select(F.col(REASON).isNotNull().alias(REASON),
-                                         F.col(f"`{d.event_id}`").cast("string").alias("event_id"),
-                                         F.unix_micros(F.col(f"`{d.event_time}`")).alias("t"),
-                                         F.unix_micros(f"{BRONZE}.timestamp").alias("kt"),
-                                         *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE]).toArrow()
+                verdicts = parsed.select(*_aliased(columns["verdict"])).toArrow()
                 is_rejected = pc.fill_null(verdicts.column(REASON), False)
                 any_rejected = pc.any(is_rejected).as_py() or False
                 ids = verdicts.filter(pc.invert(is_rejected)).drop_columns([REASON])
-                candidates = ids.num_rows
+        try:
+            dropped = pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
+                                                                  ("offset", pa.int64()))})
+            candidates = ids.num_rows if ids is not None else 0
+            if d.event_id:
                 dropped = self.duplicates(ids, silver, spec)
-                if dropped.num_rows:
-                    # from Arrow: a local relation built on the driver; from Python rows Spark runs a
-                    # job of Python workers to convert them (1.2 s of a cold JVM's silver batch)
-                    drop = df.sparkSession.createDataFrame(dropped)
-                    lineage = [F.col(f"{BRONZE}.{c}") == F.col(f"_d.{c}") for c in LINEAGE]
-                    valid = valid.join(F.broadcast(drop.alias("_d")), lineage[0] & lineage[1] & lineage[2],
-                                       "left_anti")
-            events = valid.select(
-                *[F.col(f"`{f.name}`") for f in d.fields],
-                *[F.col(f"{BRONZE}.{c}").alias(c) for c in LINEAGE],
-                F.col(f"{BRONZE}.timestamp").alias("kafka_timestamp"),
-                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias("bronze_version"),
-                F.to_date(F.col(f"`{d.event_time}`")).alias("event_date"),
-                F.col(f"{BRONZE}.{VERSION_COLUMN}").alias(VERSION_COLUMN))
+            if dropped.num_rows:
+                events = _without(events, dropped, df.sparkSession)
+            if not on_driver:
+                events = events.select(*_aliased(columns["silver"]))
             # with no reject in the batch, quarantine's commit only records the position: no Spark job
             quarantined = append_batch(self.quarantine_path, QUARANTINE, rejects if any_rejected else None, batch,
                                        source=self.source, stage=self.name, version_column=VERSION_COLUMN,
@@ -191,7 +178,8 @@ class SilverStage(DeltaFedStage):
                                    version_column=VERSION_COLUMN, stats_columns=silver_stats_columns(d),
                                    metadata={"duplicates": dropped.num_rows}, storage=self.storage)
         finally:
-            parsed.unpersist()
+            if not on_driver:
+                parsed.unpersist()
         compacted = compact_appended(self.name, {"silver": written, "quarantine": quarantined},
                                      self.compact_after_files)
         events_written = written.rows if written else 0
@@ -202,6 +190,51 @@ class SilverStage(DeltaFedStage):
                 # every bronze row of the batch is quarantined, an event or a dropped duplicate
                 "rows": (quarantined.rows if quarantined else 0) + events_written + dropped.num_rows,
                 **({"compacted": compacted} if compacted else {})}
+
+    def _columns(self, batch_time: dt.datetime) -> dict[str, dict]:
+        """The columns computed from the parsed batch (:func:`parse_events`), by name: a
+        quarantine row's, a silver row's, and a verdict's (rejected or not; the id, event time
+        and Kafka timestamp de-duplication needs, as text and epoch µs; lineage)."""
+        from pyspark.sql import functions as F
+
+        d = self.definition
+        lineage = {c: F.col(f"{BRONZE}.{c}") for c in LINEAGE}
+        version = F.col(f"{BRONZE}.{VERSION_COLUMN}")
+        quarantine = {
+            **lineage, "kafka_timestamp": F.col(f"{BRONZE}.timestamp"), "key": F.col(f"{BRONZE}.key"),
+            "value": F.col(f"{BRONZE}.value"), "reason": F.col(REASON), "message": F.col(MESSAGE),
+            "bronze_version": version, "quarantined_at": F.lit(batch_time).cast("timestamp"),
+            "ingest_date": F.col(f"{BRONZE}.ingest_date"), VERSION_COLUMN: version}
+        silver = {
+            **{f.name: F.col(f"`{f.name}`") for f in d.fields}, **lineage,
+            "kafka_timestamp": F.col(f"{BRONZE}.timestamp"), "bronze_version": version,
+            "event_date": F.to_date(F.col(f"`{d.event_time}`")), VERSION_COLUMN: version}
+        verdict = {REASON: F.col(REASON).isNotNull()}
+        if d.event_id:
+            verdict.update({"event_id": F.col(f"`{d.event_id}`").cast("string"),
+                            "t": F.unix_micros(F.col(f"`{d.event_time}`")),
+                            "kt": F.unix_micros(f"{BRONZE}.timestamp"), **lineage})
+        return {"quarantine": quarantine, "silver": silver, "verdict": verdict}
+
+    def _rows_here(self, parsed, columns: dict[str, dict], spec) -> tuple[pa.Table, pa.Table, pa.Table | None]:
+        """The batch's quarantine rows, its valid events (silver's columns) and their verdicts
+        (columns ``_columns``' verdict's but the reason; None without an event id), from one
+        query of ``parsed`` into Arrow, in the tables' file types."""
+        selected = [c.alias(f"{kind}:{name}") for kind, named in columns.items() for name, c in named.items()]
+        table = parsed.select(*selected).toArrow()
+        rejected = pc.fill_null(table.column(f"verdict:{REASON}"), False)
+
+        def part(kind: str, mask, schema: pa.Schema | None) -> pa.Table:
+            names = list(columns[kind])
+            rows = table.filter(mask).select([f"{kind}:{n}" for n in names]).rename_columns(names)
+            if schema is None:
+                return rows
+            return pa.table({n: rows.column(n).cast(schema.field(n).type) if n in schema.names else rows.column(n)
+                             for n in names})
+
+        valid = pc.invert(rejected)
+        ids = part("verdict", valid, None).drop_columns([REASON]) if self.definition.event_id else None
+        return part("quarantine", rejected, QUARANTINE.schema), part("silver", valid, spec.schema), ids
 
     def duplicates(self, candidates: pa.Table, silver, spec) -> pa.Table:
         """Lineage (topic, partition, offset) of the valid records to drop: all but the first
@@ -257,6 +290,26 @@ class SilverStage(DeltaFedStage):
         """The event ids of one of silver's data files."""
         return parquet_dataset([path], file_schema, self.storage).to_table(
             columns=[self.definition.event_id]).column(self.definition.event_id)
+
+
+def _aliased(named: dict) -> list:
+    return [c.alias(name) for name, c in named.items()]
+
+
+def _without(events, dropped: pa.Table, spark):
+    """``events`` (an Arrow table, or a Spark DataFrame of the parsed batch) without the rows
+    whose lineage is in ``dropped``."""
+    from pyspark.sql import functions as F
+
+    if isinstance(events, pa.Table):
+        gone = set(zip(*(dropped.column(c).to_pylist() for c in LINEAGE)))
+        keep = [key not in gone for key in zip(*(events.column(c).to_pylist() for c in LINEAGE))]
+        return events.filter(pa.array(keep, pa.bool_()))
+    # from Arrow: a local relation built on the driver; from Python rows Spark runs a job of
+    # Python workers to convert them (1.2 s of a cold JVM's silver batch)
+    drop = spark.createDataFrame(dropped)
+    lineage = [F.col(f"{BRONZE}.{c}") == F.col(f"_d.{c}") for c in LINEAGE]
+    return events.join(F.broadcast(drop.alias("_d")), lineage[0] & lineage[1] & lineage[2], "left_anti")
 
 
 def from_micros(micros: int) -> dt.datetime:

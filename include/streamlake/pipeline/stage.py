@@ -30,11 +30,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import CommitProperties, Transaction
 
-from streamlake.delta.files import add_actions, write_attempt_files
+from streamlake.delta.files import add_actions, write_arrow_files, write_attempt_files
 from streamlake.delta.table import MAX_COMMIT_ATTEMPTS, TableSpec, compact_small_files, ensure_table, open_table
 from streamlake.delta.txn import commit_info, query_app_id
 from streamlake.errors import CommitConflictError, PositionGapError
@@ -154,9 +156,14 @@ class WritePlan:
     from_version: int | None = None
 
     def rows(self, df, version_column: str):
+        """The rows of ``df`` (a Spark DataFrame or an Arrow table) the table needs."""
+        if self.from_version is None:
+            return df
+        if isinstance(df, pa.Table):
+            return df.filter(pc.greater_equal(df.column(version_column), self.from_version))
         from pyspark.sql import functions as F
 
-        return df if self.from_version is None else df.where(F.col(version_column) >= self.from_version)
+        return df.where(F.col(version_column) >= self.from_version)
 
 
 def batch_range(checkpoint: QueryCheckpoint, batch_id: int) -> BatchRange:
@@ -199,7 +206,8 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
                  version_column: str, stats_columns: Sequence[str] = (),
                  extra_txns: Mapping[str, int] | None = None, metadata: Mapping | None = None,
                  storage: Mapping[str, str] | None = None) -> Appended | None:
-    """Append ``rows`` (a Spark DataFrame in ``spec``'s schema; ``version_column``
+    """Append ``rows`` (a Spark DataFrame in ``spec``'s schema, or an Arrow table with its
+    columns, written here: :func:`~streamlake.delta.files.write_arrow_files`; ``version_column``
     holds the upstream version each row was read from) to the table at ``path``
     as micro-batch ``batch``, exactly once. ``rows`` None: the caller knows the
     batch has no rows for this table; no Spark job runs, and the commit (no files)
@@ -217,7 +225,8 @@ def append_batch(path: str, spec: TableSpec, rows, batch: BatchRange, *, source:
             log.info("%s batch %d: %s already has it, nothing to write", stage, batch.batch_id, spec.name)
             return None
         attempt_id = uuid.uuid4().hex
-        files = [] if rows is None else write_attempt_files(
+        write = write_arrow_files if isinstance(rows, pa.Table) else write_attempt_files
+        files = [] if rows is None else write(
             plan.rows(rows, version_column), path, attempt_id, spec.file_schema.names, stats_columns,
             partition_by=spec.partition_by, storage=storage)
         kind = spec.name.split("/")[0]  # late_events/<aggregate>: the crash point of any aggregate's
@@ -320,7 +329,7 @@ class DeltaFedStage:
     """Mixin for stages whose query reads an upstream Delta table: starting the query,
     progress lines. Subclasses define ``name``, ``source``, ``source_path``,
     ``checkpoint``, ``processing_time_s``, ``upstream_wait_ms``, ``driver_read_max_bytes``,
-    ``outputs()``, ``source_options()``, ``prepare()`` and ``process(df, batch)``;
+    ``outputs()``, ``source_options()``, ``prepare()`` and ``process(df, batch, on_driver)``;
     ``storage`` (options without secrets) when the tables are on an object store."""
 
     def __call__(self, df, batch_id: int) -> None:
@@ -339,7 +348,7 @@ class DeltaFedStage:
         if local is None:
             result = {**self.process(df, batch), "read_on_driver": False}
         else:
-            result = {**self.process(local[0], batch), "read_on_driver": True, "rows": local[1]}
+            result = {**self.process(local[0], batch, on_driver=True), "read_on_driver": True, "rows": local[1]}
         checkpoint.save_batch_result(batch_id, result)
 
     def start(self, spark, available_now: bool):
