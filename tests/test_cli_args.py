@@ -49,18 +49,26 @@ def test_only_an_available_now_pipeline_run_goes_to_a_spark_connect_server(tmp_p
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("processing_time, downstream", [(5.0, 0.25), (1.0, 0.25), (0.1, 0.1), (None, None)])
-def test_silver_and_gold_look_for_their_upstream_commit_every_quarter_second(tmp_path, processing_time, downstream):
-    """`--processing-time S` is bronze's trigger; silver and gold poll their upstream table's log
-    every 0.25 s (at most S), so a record does not wait a trigger per stage on its way to gold;
-    available-now runs have no trigger interval."""
+@pytest.mark.parametrize("processing_time, downstream, on_s3", [(5.0, 0.25, True), (1.0, 0.25, True),
+                                                             (0.1, 0.1, True), (5.0, 0.0, False), (None, None, False)])
+def test_silver_and_gold_start_on_their_upstream_commit(tmp_path, processing_time, downstream, on_s3):
+    """`--processing-time S` is bronze's trigger. On a local root silver and gold run on a trigger
+    of 0 and their sources wait up to 500 ms for the upstream's next commit (``waitForCommitMs``);
+    on an object store they look every 0.25 s (at most S). Either way a record does not wait a
+    trigger per stage on its way to gold. Available-now runs have no trigger interval and no wait."""
     from streamlake.config import project_root
-    from streamlake.pipeline.config import PipelineConfig
+    from streamlake.pipeline.config import UPSTREAM_WAIT_MS, PipelineConfig
     from streamlake.pipeline.definition import load_definition
 
     definition = load_definition(project_root() / "pipelines" / "orders.yaml")
-    cfg = PipelineConfig(root=str(tmp_path / "lake"), definition=definition,
+    cfg = PipelineConfig(root="s3://lake/orders" if on_s3 else str(tmp_path / "lake"), definition=definition,
                          processing_time_s=processing_time)
+    assert cfg.downstream_trigger_s == downstream
+    assert cfg.upstream_wait_ms == (UPSTREAM_WAIT_MS if downstream == 0.0 else None)
+    if on_s3:
+        return
     stages = cfg.build_stages()
     assert stages[0].cfg.processing_time_s == processing_time
     assert [s.processing_time_s for s in stages[1:]] == [downstream] * (len(stages) - 1) and len(stages) == 4
+    waits = [s.source_options().get("waitForCommitMs") for s in stages[1:]]
+    assert waits == [None if processing_time is None else str(UPSTREAM_WAIT_MS)] * 3
