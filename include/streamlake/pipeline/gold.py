@@ -341,14 +341,6 @@ class GoldStage(DeltaFedStage):
     def outputs(self) -> dict[str, str]:
         return {self.aggregate.gold_table: self.gold_path, self.aggregate.late_table: self.late_path}
 
-    def source_options(self) -> dict[str, str]:
-        opts = {"includeCommitVersion": "true"}
-        if self.upstream_wait_ms:
-            opts["waitForCommitMs"] = str(self.upstream_wait_ms)
-        if self.max_files_per_trigger:
-            opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
-        return opts
-
     def late_spec(self) -> TableSpec:
         from streamlake.delta.table import evolve_table
 

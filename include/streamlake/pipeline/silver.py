@@ -115,14 +115,6 @@ class SilverStage(DeltaFedStage):
     def outputs(self) -> dict[str, str]:
         return {"silver": self.silver_path, "quarantine": self.quarantine_path}
 
-    def source_options(self) -> dict[str, str]:
-        opts = {"includeCommitVersion": "true"}
-        if self.upstream_wait_ms:
-            opts["waitForCommitMs"] = str(self.upstream_wait_ms)
-        if self.max_files_per_trigger:
-            opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
-        return opts
-
     def prepare(self) -> None:
         bronze_table.ensure_bronze_table(self.bronze_path, self.storage)
         ensure_silver(self.silver_path, self.definition, self.storage)

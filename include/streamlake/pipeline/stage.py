@@ -329,8 +329,23 @@ class DeltaFedStage:
     """Mixin for stages whose query reads an upstream Delta table: starting the query,
     progress lines. Subclasses define ``name``, ``source``, ``source_path``,
     ``checkpoint``, ``processing_time_s``, ``upstream_wait_ms``, ``driver_read_max_bytes``,
-    ``outputs()``, ``source_options()``, ``prepare()`` and ``process(df, batch, on_driver)``;
+    ``max_files_per_trigger``, ``outputs()``, ``prepare()`` and ``process(df, batch, on_driver)``;
     ``storage`` (options without secrets) when the tables are on an object store."""
+
+    def source_options(self) -> dict[str, str]:
+        """The ``streamlake-delta`` options of the stage's query: the upstream's commit version on
+        every row (lineage), the wait for its next commit, the files per micro-batch."""
+        opts = {"includeCommitVersion": "true"}
+        if self.upstream_wait_ms:
+            opts["waitForCommitMs"] = str(self.upstream_wait_ms)
+        if self.max_files_per_trigger:
+            opts["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
+        return opts
+
+    def query_options(self) -> dict[str, str]:
+        """:meth:`source_options` and the object store's options (``storage.*``, without secrets):
+        what the query reads with, and a batch read on the driver too."""
+        return {**self.source_options(), **{f"storage.{k}": v for k, v in self.storage.items()}}
 
     def __call__(self, df, batch_id: int) -> None:
         """Process the batch; what it did goes to the query's checkpoint for the progress line
@@ -342,9 +357,8 @@ class DeltaFedStage:
 
         checkpoint = QueryCheckpoint(self.checkpoint)
         batch = batch_range(checkpoint, batch_id)
-        options = {**self.source_options(), **{f"storage.{k}": v for k, v in self.storage.items()}}
-        local = read_batch_on_driver(df.sparkSession, self.source_path, df.schema, *batch.offsets, options,
-                                     self.driver_read_max_bytes)
+        local = read_batch_on_driver(df.sparkSession, self.source_path, df.schema, *batch.offsets,
+                                     self.query_options(), self.driver_read_max_bytes)
         if local is None:
             result = {**self.process(df, batch), "read_on_driver": False}
         else:
@@ -361,7 +375,7 @@ class DeltaFedStage:
         checkpoint = QueryCheckpoint(self.checkpoint)
         for name in checkpoint.discard_interrupted_first_batch():
             log.warning("%s: removed %s, a write a kill interrupted before the first batch", self.name, name)
-        options = {**self.source_options(), **{f"storage.{k}": v for k, v in self.storage.items()},
+        options = {**self.query_options(),
                    **resume_options(self.outputs(), self.source, self.source_path, checkpoint, self.storage)}
         reader = spark.readStream.format(FORMAT)
         for key, value in options.items():
