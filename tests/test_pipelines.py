@@ -37,7 +37,14 @@ MIX = dict(late_fraction=0.06, out_of_order_seconds=5, malformed_fraction=0.08, 
 RECORDS = 1500
 # Silver, quarantine and late_events compacted once more than this many of their files are small
 # (the default, 64, is more micro-batches than these runs have): every test here runs on them.
-COMPACT_AFTER = 4
+COMPACT_AFTER = 2
+# A silver batch reads at most one bronze batch (bronze writes 4 files a batch here), a gold batch
+# at most one of the orders pipeline's silver batches (6 files) and a few of the sensors pipeline's
+# (1 or 2): on a slow machine, where a stage's batch outlasts bronze's 1 s trigger, the stages
+# still run several batches with late events, so late_events gets more than COMPACT_AFTER files
+# (unbounded, a run on a machine twice as slow as usual merged the labelled stream into 3 gold
+# batches with late events, not more than the 4 small files it then took to compact).
+MAX_FILES_PER_TRIGGER = {"silver": 4, "gold": 6}
 # Silver and gold read a small micro-batch on the driver (stage.DRIVER_READ_MAX_BYTES), a large
 # one with Spark's tasks. Here the orders pipeline reads every batch with Spark's tasks, so every
 # test below checks both ways of reading, against the same oracle.
@@ -46,6 +53,17 @@ DRIVER_READ_MAX_BYTES = {"sensors": None, "orders": 0}
 
 def definition_path(name: str) -> Path:
     return ROOT / "pipelines" / f"{name}.yaml"
+
+
+def bounded_stages(cfg: PipelineConfig) -> list:
+    """The run's stages, silver's and gold's batches bounded by MAX_FILES_PER_TRIGGER."""
+    from dataclasses import replace
+
+    from streamlake.pipeline.gold import GoldStage
+    from streamlake.pipeline.silver import SilverStage
+
+    bound = {SilverStage: MAX_FILES_PER_TRIGGER["silver"], GoldStage: MAX_FILES_PER_TRIGGER["gold"]}
+    return [replace(s, max_files_per_trigger=bound[type(s)]) if type(s) in bound else s for s in cfg.build_stages()]
 
 
 def run_available_now(spark, cfg: PipelineConfig) -> dict:
@@ -119,7 +137,7 @@ def pipeline_run(request, spark, broker, tmp_path_factory):
 
     def run():
         try:
-            run_stages(spark, cfg.build_stages(), control, available_now=False, report=lambda _l: None, poll_s=0.5)
+            run_stages(spark, bounded_stages(cfg), control, available_now=False, report=lambda _l: None, poll_s=0.5)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the fixture
             errors.append(exc)
 
@@ -469,9 +487,10 @@ def test_silver_quarantine_and_late_events_compact_their_small_files_as_the_stre
     for name, upstream in tables:
         path = run.cfg.table(name)
         # the stage's (delta-rs); the orders pipeline's silver also has the user's OPTIMIZE test's (delta-spark)
-        compactions = [h["version"] for h in open_table(path).history()
+        history = open_table(path).history()
+        compactions = [h["version"] for h in history
                        if h["operation"] == "OPTIMIZE" and "delta-rs" in str(h.get("engineInfo"))]
-        assert compactions, f"{name} was never compacted"
+        assert compactions, f"{name} was never compacted: {[(h['version'], h['operation']) for h in history]}"
         for version in compactions:
             before, after = DeltaTable(path, version=version - 1), DeltaTable(path, version=version)
             files_before, files_after = (pa.table(before.get_add_actions(flatten=True)).to_pydict(),
